@@ -1,0 +1,163 @@
+"""Schedules: a collective is a generator of rounds; a driver runs them.
+
+Each algorithm is written once, as a generator. A round is the list of
+messages that may be in flight together; the generator yields it and, when it
+resumes, the round is complete and it does the round's local work (a
+reduction) before yielding the next::
+
+    def ring_allgather(comm, buf, blocks):
+        for step in range(n - 1):
+            yield [Send(block_a, right), Recv(block_b, left)]   # round `step`
+            # both messages done here: reduce, then loop to the next round
+
+The generator only describes the messages; the driver posts them on the comm
+with the collective's tag:
+
+- ``run(comm, rounds, tag)`` is the blocking collective: a round of one send and
+  one receive becomes one ``Sendrecv``, any other round ``Isend``/``Irecv`` +
+  ``Waitall``.
+- ``Handle(comm, rounds, tag)`` is the nonblocking one: it posts each round with
+  ``Isend``/``Irecv``; ``test()`` advances as far as it can without blocking and
+  ``wait()`` drives it to the end.
+
+Either way the same algorithm loop runs: there is no second copy of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterable
+from typing import NamedTuple
+
+from mpi4py import MPI
+
+from .buffers import msg
+
+
+class Send(NamedTuple):
+    """Send the array `buf` to rank `peer`."""
+
+    buf: object
+    peer: int
+
+
+class Recv(NamedTuple):
+    """Receive from rank `peer` into the array `buf`."""
+
+    buf: object
+    peer: int
+
+
+Round = list  # of Send and Recv
+Rounds = Generator[Round, None, None]
+
+
+def post(comm, round_: Round, tag: int) -> list:
+    """Post every message of a round, receives first; return the requests."""
+    reqs = [comm.Irecv(msg(m.buf), m.peer, tag) for m in round_ if type(m) is Recv]
+    reqs += [comm.Isend(msg(m.buf), m.peer, tag) for m in round_ if type(m) is Send]
+    return reqs
+
+
+def exchange(comm, round_: Round, tag: int) -> None:
+    """Complete one round, blocking, with the fewest MPI calls."""
+    if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
+        send, recv = round_ if type(round_[0]) is Send else round_[::-1]
+        comm.Sendrecv(msg(send.buf), send.peer, tag, msg(recv.buf), recv.peer, tag)
+    elif round_:
+        MPI.Request.Waitall(post(comm, round_, tag))
+
+
+def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None) -> int:
+    """Run a schedule to completion (the blocking collective); return its round count."""
+    count = 0
+    for round_ in rounds:
+        exchange(comm, round_, tag)
+        count += 1
+    if on_done is not None:
+        on_done()
+    return count
+
+
+class Handle:
+    """A collective in flight. `test()` makes progress; `wait()` completes it.
+
+    Args:
+        comm, tag: where the rounds' messages are posted.
+        rounds: the algorithm's generator; its first round is posted here.
+        on_done: called once when the last round completes (gives back scratch,
+            copies the result out).
+    """
+
+    __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_on_done", "_lock", "done", "rounds")
+
+    def __init__(self, comm, rounds: Rounds, tag: int,
+                 on_done: Callable[[], None] | None = None):
+        self._comm, self._tag, self._rounds, self._on_done = comm, tag, rounds, on_done
+        self._reqs: list = []
+        self._lock = threading.Lock()  # test() may race with a progress thread
+        self.done = False
+        self.rounds = 0  # rounds posted so far (the α term of the cost model)
+        with self._lock:
+            self._advance()
+
+    def _advance(self) -> None:
+        """Resume the generator: finish the last round's local work, post the next round."""
+        try:
+            round_ = next(self._rounds)
+        except StopIteration:
+            self._reqs = []
+            self.done = True
+            if self._on_done is not None:
+                self._on_done()
+            return
+        self.rounds += 1
+        self._reqs = post(self._comm, round_, self._tag)
+
+    def test(self) -> bool:
+        """Complete every round that is ready and post the next; True when all are done."""
+        with self._lock:
+            while not self.done:
+                if self._reqs and not MPI.Request.Testall(self._reqs):
+                    return False
+                self._advance()
+            return True
+
+    def wait(self) -> None:
+        """Block until the collective is complete."""
+        with self._lock:
+            while not self.done:
+                if self._reqs:
+                    MPI.Request.Waitall(self._reqs)
+                self._advance()
+
+    # mpi4py's spellings, so a Handle can stand where a request is expected.
+    def Test(self) -> bool:  # noqa: N802
+        return self.test()
+
+    def Wait(self) -> None:  # noqa: N802
+        self.wait()
+
+
+def done_handle() -> Handle:
+    """A Handle with nothing to do (count 0, one rank)."""
+    return Handle(None, iter(()), 0)
+
+
+def waitall(handles: Iterable[Handle]) -> None:
+    """Complete every handle. All ranks must pass their handles in the same order.
+
+    Each pass advances every pending handle without blocking, then blocks on the
+    first one still pending: a rank blocked on handle i has finished 0..i-1, so the
+    peers it waits for are never blocked on it.
+    """
+    pending = list(handles)
+    while pending:
+        pending = [h for h in pending if not h.test()]
+        if pending:
+            pending[0].wait()
+
+
+def testall(handles: Iterable[Handle]) -> bool:
+    """Advance every handle once; True if all are complete."""
+    return all([h.test() for h in handles])

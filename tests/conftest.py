@@ -1,0 +1,86 @@
+"""Rank-safe test harness.
+
+Tests marked ``@pytest.mark.mpi(ranks=[...], timeout=T)`` run as their own
+``mpiexec -n N`` job (pytest-isolate-mpi): a crash or exception on one rank
+aborts the job (mpi4py calls MPI_Abort on a non-zero exit), and a deadlock is
+cut off. Inside every rank this file arms a watchdog a few seconds before the
+job's timeout: it prints which rank was stuck, in which test, with every
+thread's stack, then exits, so mpiexec tears down the other ranks and the test
+fails with that report instead of hanging.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+IN_RANK = bool(os.environ.get("PYTEST_ISOLATE_MPI_IS_FORKED"))
+
+# The mpich wheel puts mpiexec beside the venv's python: find it even when the
+# venv is not activated (`.venv/bin/python -m pytest`).
+_bin = os.path.dirname(sys.executable)
+if os.path.exists(os.path.join(_bin, "mpiexec")) and _bin not in os.environ["PATH"].split(":"):
+    os.environ["PATH"] = _bin + os.pathsep + os.environ["PATH"]
+MARGIN_S = 4.0  # report this long before the outer timeout kills mpiexec
+
+
+def _timeout_of(item) -> float | None:
+    mark = item.get_closest_marker("mpi")
+    if mark is None or mark.kwargs.get("timeout") is None:
+        return None
+    scale = {"s": 1, "m": 60, "h": 3600}[mark.kwargs.get("unit", "s")]
+    return float(mark.kwargs["timeout"]) * scale
+
+
+if IN_RANK:
+    _watchdogs: dict[str, threading.Timer] = {}
+
+    def _report_and_exit(config, nodeid: str, seconds: float) -> None:
+        from mpi4py import MPI
+
+        capman = config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:  # give fd 2 back to the real stderr that mpiexec collects
+            capman.suspend_global_capture(in_=True)
+        comm = MPI.COMM_WORLD
+        sys.stderr.write(
+            f"\n=== rank {comm.Get_rank()} of {comm.Get_size()} (pid {os.getpid()}): "
+            f"{nodeid} still running after {seconds:.0f} s; its threads:\n"
+        )
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        time.sleep(1.0)  # let the other ranks' watchdogs report before mpiexec kills them
+        os._exit(70)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(item):
+        timeout = _timeout_of(item)
+        if timeout is None:
+            return
+        seconds = max(1.0, timeout - MARGIN_S)
+        timer = threading.Timer(seconds, _report_and_exit, (item.config, item.nodeid, seconds))
+        timer.daemon = True
+        timer.start()
+        _watchdogs[item.nodeid] = timer
+        # backstop if the interpreter itself is wedged (no thread can take the GIL)
+        faulthandler.dump_traceback_later(seconds + 1.5, exit=True)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(item):
+        timer = _watchdogs.pop(item.nodeid, None)
+        if timer is not None:
+            timer.cancel()
+            faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every multi-rank test must carry a timeout: refuse to run one without."""
+    for item in items:
+        mark = item.get_closest_marker("mpi")
+        if mark is not None and mark.kwargs.get("timeout") is None:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mpi needs a timeout")

@@ -1,0 +1,73 @@
+"""The harness itself: a hung or crashing rank fails fast, with each rank's stack."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+
+
+def _run_inner(tmp_path, body: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run a one-test file through the real harness (pytest-isolate-mpi + conftest)."""
+    test = tmp_path / "test_inner.py"
+    test.write_text(textwrap.dedent(body))
+    (tmp_path / "conftest.py").write_text(open(os.path.join(HERE, "conftest.py")).read())
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ISOLATE_MPI_IS_FORKED"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", str(test)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def test_deadlock_fails_with_every_ranks_stack(tmp_path):
+    body = """
+        import pytest
+        from mpi4py import MPI
+        import numpy as np
+
+        @pytest.mark.mpi(ranks=[3], timeout=8)
+        def test_hang(mpi_ranks):
+            comm = MPI.COMM_WORLD
+            buf = np.empty(1)
+            if comm.rank == 1:
+                comm.Recv(buf, source=2, tag=99)   # nobody sends: rank 1 hangs
+            comm.Barrier()                         # the others hang here
+    """
+    result = _run_inner(tmp_path, body, timeout=60)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "1 failed" in out, out
+    # the report names the stuck ranks and shows where each one was
+    assert "still running after" in out, out
+    reported = {r for r in range(3) if f"=== rank {r} of 3" in out}
+    assert len(reported) >= 2, f"expected every rank's report, got ranks {reported}:\n{out}"
+    assert "test_inner.py" in out and ("Recv" in out or "Barrier" in out or "line" in out), out
+
+
+def test_exception_on_one_rank_fails_without_hanging(tmp_path):
+    body = """
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(ranks=[4], timeout=30)
+        def test_one_rank_raises(mpi_ranks):
+            comm = MPI.COMM_WORLD
+            if comm.rank == 2:
+                raise RuntimeError("rank 2 fails on purpose")
+            comm.Barrier()   # ranks 0, 1, 3 would wait forever for rank 2
+    """
+    result = _run_inner(tmp_path, body, timeout=60)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "failed" in out, out
+    assert "still running after" not in out, "the job should abort, not time out:\n" + out
+
+
+@pytest.mark.mpi(ranks=[2], timeout=20)
+def test_marked_tests_run_on_every_rank(mpi_ranks):
+    from mpi4py import MPI
+
+    assert MPI.COMM_WORLD.Get_size() == mpi_ranks == 2
