@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m mpidp.bench {collectives,overlap,calibrate} ...`` under mpiexec."""

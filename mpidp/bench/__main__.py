@@ -1,0 +1,23 @@
+"""``python -m mpidp.bench SUBCOMMAND [options]``; run it under ``mpiexec -n N``."""
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "collectives": "mpidp.bench.collectives",  # nccl-tests style sweep against native MPI
+    "overlap": "mpidp.bench.overlap",  # trainer: compute only / serial / overlapped steps
+    "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(f"usage: python -m mpidp.bench {{{','.join(SUBCOMMANDS)}}} [options]",
+              file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[argv[0]])
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
