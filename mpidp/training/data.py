@@ -1,0 +1,107 @@
+"""Datasets that need no download, and the per-rank sharding sampler.
+
+The sampler is what makes N-rank training equal 1-rank training. Each epoch:
+
+    perm = permutation of the training set, drawn from (seed, epoch) only
+    drop the last len % global_batch samples          (every step is a full batch)
+    global batch s = perm[s*G : (s+1)*G]               (G = global batch, any N)
+    rank r's slice  = global batch s [r*G/N : (r+1)*G/N], cut into A micro-batches
+
+      global batch s:  | rank 0 | rank 1 | rank 2 | rank 3 |     G = 4 x A x b
+      rank r's slice:  | micro 0 | micro 1 | ... | micro A-1 |    each b samples
+
+The global batches, and so the training, do not depend on N: only the cut of
+each batch into shards does. Per epoch the shards are disjoint, hold the same
+number of samples on every rank, and together cover the training set except
+the < G dropped samples, which differ from epoch to epoch (we drop rather than
+pad, because padding would repeat samples and change the gradient).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Dataset(NamedTuple):
+    """Train and test splits: features (n, D) float64 and labels (n,) int64."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def features(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def _split(x, y, test_fraction: float, seed: int) -> Dataset:
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(len(x) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return Dataset(x[train], y[train], x[test], y[test])
+
+
+def digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    """scikit-learn's handwritten digits: 1797 8x8 images (64 features in [0, 1]), 10 classes."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = data.data.astype(np.float64) / 16.0  # (1797, 64), pixel values 0..16
+    return _split(x, data.target.astype(np.int64), test_fraction, seed)
+
+
+def synthetic(n: int = 8192, features: int = 256, classes: int = 10, seed: int = 0,
+              test_fraction: float = 0.2) -> Dataset:
+    """Gaussian inputs labelled by a random linear teacher: any size, for benchmarks."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, features))  # (n, D)
+    teacher = rng.standard_normal((features, classes))  # (D, C)
+    y = (x @ teacher).argmax(axis=1).astype(np.int64)  # (n,)
+    return _split(x, y, test_fraction, seed + 1)
+
+
+class ShardSampler:
+    """Indices of each rank's micro-batches, epoch by epoch.
+
+    Args:
+        n_samples: size of the training set.
+        global_batch: samples per optimizer step over all ranks and micro-batches.
+        rank, size: this rank and the number of ranks.
+        seed: with the epoch, the only source of the order.
+        accum_steps: micro-batches per step on each rank (gradient accumulation).
+    """
+
+    def __init__(self, n_samples: int, global_batch: int, rank: int = 0, size: int = 1,
+                 seed: int = 0, accum_steps: int = 1):
+        if global_batch % (size * accum_steps):
+            raise ValueError(f"global batch {global_batch} is not a multiple of ranks x "
+                             f"accum steps = {size} x {accum_steps}")
+        if global_batch > n_samples:
+            raise ValueError(f"global batch {global_batch} exceeds the {n_samples} samples")
+        self.n_samples, self.global_batch = n_samples, global_batch
+        self.rank, self.size, self.seed, self.accum_steps = rank, size, seed, accum_steps
+        self.local_batch = global_batch // (size * accum_steps)  # b: one micro-batch
+        self.steps_per_epoch = n_samples // global_batch
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's order of the whole training set, the same on every rank."""
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_samples)
+
+    def global_batches(self, epoch: int) -> np.ndarray:
+        """(steps, G): the samples of every step, whatever the number of ranks."""
+        perm = self.permutation(epoch)
+        return perm[: self.steps_per_epoch * self.global_batch].reshape(
+            self.steps_per_epoch, self.global_batch)
+
+    def epoch(self, epoch: int) -> np.ndarray:
+        """(steps, A, b): this rank's micro-batches for every step of the epoch."""
+        shard = self.global_batches(epoch).reshape(
+            self.steps_per_epoch, self.size, self.accum_steps, self.local_batch)
+        return shard[:, self.rank]

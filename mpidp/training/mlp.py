@@ -1,0 +1,198 @@
+"""A multilayer perceptron with a hand-written backward pass (no autograd).
+
+Layer i (1-based) is ``h_i = act(h_{i-1} @ W_i + b_i)``; the last layer has no
+activation and gives the logits. Each piece is a pair of functions in the style
+of Karpathy's micrograd / llm.c: ``forward`` returns ``out, cache``;
+``backward(dout, cache)`` returns the input gradient.
+
+    x (B, D0) -> [W1 b1] -> relu -> [W2 b2] -> relu -> ... -> [WL bL] -> logits (B, C)
+
+``MLP.backward`` runs the layers from last to first and calls ``on_grad(i)`` the
+moment dW_i and db_i are written: this is where data parallelism starts layer
+i's gradient all-reduce while layers i-1 .. 1 are still being differentiated.
+
+Gradients are written *into* ``model.grads[name]`` (``out=``), never by
+rebinding the dict entry, so `DataParallel` can make those arrays views of its
+flat bucket buffers. ``accumulate=True`` adds instead (gradient accumulation).
+
+Arrays live on an array module ``xp`` (NumPy, or CuPy for ``device="gpu"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..collectives.buffers import array_module as xp_of
+
+
+def array_module(device: str = "cpu"):
+    """NumPy for ``"cpu"``, CuPy for ``"gpu"`` (imported only when asked for)."""
+    if device == "cpu":
+        return np
+    if device == "gpu":
+        import cupy
+
+        return cupy
+    raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
+
+
+# ---------------------------------------------------------------- layers
+
+def linear_forward(x, W, b):
+    """out = x @ W + b."""
+    out = x @ W + b  # (B, out) = (B, in) @ (in, out) + (out,)
+    cache = (x, W)
+    return out, cache
+
+
+def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool = True):
+    """Write (or add) dW, db in place; return dx (None if not needed: the first layer).
+
+    Args:
+        dout: (B, out) gradient of the loss with respect to the layer's output.
+        dW, db: (in, out) and (out,) arrays the gradients are written into.
+    """
+    x, W = cache  # (B, in), (in, out)
+    if accumulate:
+        dW += x.T @ dout  # (in, out)
+        db += dout.sum(axis=0)  # (out,)
+    else:
+        x.T.dot(dout, out=dW)  # (in, out), straight into the bucket view
+        dout.sum(axis=0, out=db)  # (out,)
+    return dout @ W.T if need_dx else None  # (B, in)
+
+
+def relu_forward(x):
+    out = x * (x > 0)  # (B, H); x * mask keeps -0.0 out and is cheap
+    return out, out
+
+
+def relu_backward(dout, cache):
+    out = cache  # (B, H)
+    return dout * (out > 0)  # (B, H)
+
+
+def tanh_forward(x):
+    out = xp_of(x).tanh(x)  # (B, H)
+    return out, out
+
+
+def tanh_backward(dout, cache):
+    out = cache  # (B, H)
+    return dout * (1 - out * out)  # (B, H)
+
+
+ACTIVATIONS = {
+    "relu": (relu_forward, relu_backward),
+    "tanh": (tanh_forward, tanh_backward),
+}
+
+
+def softmax_cross_entropy(logits, labels) -> tuple[float, object]:
+    """Mean cross-entropy over the batch and its gradient; stable for large logits.
+
+    Returns:
+        loss: a Python float, ``-mean(log softmax(logits)[b, labels[b]])``.
+        dlogits: (B, C), ``(softmax(logits) - onehot(labels)) / B``.
+    """
+    xp = xp_of(logits)
+    B = logits.shape[0]
+    shifted = logits - logits.max(axis=1, keepdims=True)  # (B, C); max 0: exp cannot overflow
+    logz = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))  # (B, 1)
+    logp = shifted - logz  # (B, C) log-probabilities
+    rows = xp.arange(B)  # (B,)
+    loss = -float(logp[rows, labels].mean())
+    dlogits = xp.exp(logp)  # (B, C) softmax
+    dlogits[rows, labels] -= 1  # (B, C) softmax - onehot
+    dlogits /= B  # the loss is a mean over the batch
+    return loss, dlogits
+
+
+# ---------------------------------------------------------------- model
+
+class MLP:
+    """Fully connected network; ``params`` and ``grads`` are dicts W1, b1, W2, b2, ...
+
+    Args:
+        sizes: layer widths, input first, classes last, e.g. ``[64, 128, 64, 10]``.
+        activation: ``"relu"`` or ``"tanh"``, between layers (not after the last).
+        dtype: ``"float32"`` or ``"float64"``.
+        seed: the initial weights depend on it alone (He/Xavier normal, zero biases),
+            drawn on the host in float64 so every device and rank gets the same values.
+        device: ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy).
+    """
+
+    def __init__(self, sizes, activation: str = "relu", dtype="float32", seed: int = 0,
+                 device: str = "cpu"):
+        if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
+            raise ValueError(f"sizes must be >= 2 positive widths, got {sizes}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}")
+        self.sizes = [int(s) for s in sizes]
+        self.activation = activation
+        self.dtype = np.dtype(dtype)
+        self.xp = array_module(device)
+        self.layers = len(sizes) - 1
+        rng = np.random.default_rng(seed)
+        gain = 2.0 if activation == "relu" else 1.0
+        self.params, self.grads = {}, {}
+        for i in range(1, self.layers + 1):
+            fan_in, fan_out = self.sizes[i - 1], self.sizes[i]
+            W = rng.standard_normal((fan_in, fan_out)) * np.sqrt(gain / fan_in)  # (in, out)
+            self.params[f"W{i}"] = self.xp.asarray(W.astype(self.dtype))
+            self.params[f"b{i}"] = self.xp.zeros(fan_out, dtype=self.dtype)  # (out,)
+        for name, p in self.params.items():
+            self.grads[name] = self.xp.zeros_like(p)
+        self.cache = None
+
+    def names(self, i: int) -> tuple[str, str]:
+        """The parameter names of layer i."""
+        return f"W{i}", f"b{i}"
+
+    def forward(self, x, on_layer: Callable[[int], None] | None = None):
+        """logits (B, C) for x (B, D0); keeps what backward needs in ``self.cache``."""
+        act_forward, _ = ACTIVATIONS[self.activation]
+        caches = []
+        h = x  # (B, D0)
+        for i in range(1, self.layers + 1):
+            W, b = self.params[f"W{i}"], self.params[f"b{i}"]
+            h, lin_cache = linear_forward(h, W, b)  # (B, D_i)
+            act_cache = None
+            if i < self.layers:
+                h, act_cache = act_forward(h)  # (B, D_i)
+            caches.append((lin_cache, act_cache))
+            if on_layer is not None:
+                on_layer(i)
+        self.cache = caches
+        return h  # (B, C)
+
+    def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
+                 accumulate: bool = False) -> None:
+        """Fill ``grads`` from the last layer to the first; ``on_grad(i)`` after layer i.
+
+        Args:
+            dlogits: (B, C) gradient of the loss with respect to the logits.
+            accumulate: add to ``grads`` (micro-batches) instead of overwriting them.
+        """
+        if self.cache is None:
+            raise RuntimeError("backward() needs a forward() first")
+        _, act_backward = ACTIVATIONS[self.activation]
+        dout = dlogits  # (B, C)
+        for i in range(self.layers, 0, -1):
+            lin_cache, act_cache = self.cache[i - 1]
+            if act_cache is not None:
+                dout = act_backward(dout, act_cache)  # (B, D_i)
+            dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
+            dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
+            if on_grad is not None:
+                on_grad(i)
+        self.cache = None  # free the activations, as autograd does
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            g[...] = 0
+
+    def num_params(self) -> int:
+        return sum(int(p.size) for p in self.params.values())
