@@ -1,0 +1,138 @@
+"""Timelines: record spans on each rank, write a Chrome trace, draw it as a PNG.
+
+A `Tracer` collects complete events ("ph": "X") on one rank: forward and
+backward per layer on the compute row, each bucket's all-reduce from launch to
+completion on its own row (buckets in flight overlap, so they cannot share
+one). `write` gathers every rank's events to rank 0 and writes one JSON file,
+one process row per rank, that https://ui.perfetto.dev and chrome://tracing open.
+
+    python -m mpidp.trace plot run.json -o timeline.png [--start MS --end MS]
+
+draws the same rows with matplotlib, for documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
+COMM = 1
+COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
+          "wait": "#c44e52", "optimizer": "#8172b3", "step": "#cccccc"}
+
+
+class Tracer:
+    """Spans of one rank; times in seconds from `time.perf_counter`."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.events: list[dict] = []
+        self.rows = {COMPUTE: "compute"}
+        self.reset_clock()
+
+    def reset_clock(self) -> None:
+        """Time zero is now (call it right after a barrier to line the ranks up)."""
+        self.t0 = time.perf_counter()
+
+    def add(self, name: str, start: float, end: float, cat: str, tid: int = COMPUTE,
+            **args) -> None:
+        """Record a span from `start` to `end` (perf_counter seconds)."""
+        self.events.append({"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": tid,
+                            "ts": (start - self.t0) * 1e6, "dur": (end - start) * 1e6,
+                            "args": args})
+
+    @contextmanager
+    def span(self, name: str, cat: str, tid: int = COMPUTE, **args):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, start, time.perf_counter(), cat, tid, **args)
+
+    def name_row(self, tid: int, name: str) -> None:
+        self.rows[tid] = name
+
+    def chrome_events(self) -> list[dict]:
+        """This rank's events with the metadata that names its process and rows."""
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank,
+                 "args": {"name": f"rank {self.rank}"}},
+                {"name": "process_sort_index", "ph": "M", "pid": self.rank,
+                 "args": {"sort_index": self.rank}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
+                  "args": {"name": name}} for tid, name in sorted(self.rows.items())]
+        return meta + self.events
+
+    def write(self, path: str, comm=None) -> None:
+        """Gather every rank's events to rank 0 (mpi4py object gather) and write `path` there."""
+        mine = self.chrome_events()
+        per_rank = [mine] if comm is None else comm.gather(mine, root=0)
+        if comm is None or comm.Get_rank() == 0:
+            events = [e for rank_events in per_rank for e in rank_events]
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+def load(path: str) -> list[dict]:
+    with open(path) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | None = None,
+         title: str | None = None) -> None:
+    """Draw a trace as horizontal bars: one band per rank, one row per tid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = load(path)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    lo = start_ms if start_ms is not None else min((e["ts"] / 1e3 for e in spans), default=0)
+    hi = end_ms if end_ms is not None else max(((e["ts"] + e["dur"]) / 1e3 for e in spans),
+                                               default=1)
+    spans = [e for e in spans if e["ts"] / 1e3 < hi and (e["ts"] + e["dur"]) / 1e3 > lo]
+    rows = sorted({(e["pid"], e["tid"]) for e in spans} | {k for k in names if k[0] in
+                                                           {e["pid"] for e in spans}})
+    y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
+    for e in spans:
+        left = max(e["ts"] / 1e3, lo)
+        width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
+        ax.barh(y_of[(e["pid"], e["tid"])], width, left=left, height=0.8,
+                color=COLORS.get(e["cat"], "#999999"), edgecolor="black", linewidth=0.3)
+    ax.set_yticks(list(y_of.values()))
+    ax.set_yticklabels([f"rank {p} {names.get((p, t), t)}" for p, t in y_of])
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("time (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), loc="upper right", ncol=len(COLORS), fontsize=8)
+    ax.set_title(title or path)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpidp.trace")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plot", help="draw a Chrome trace written by --trace as a PNG")
+    p.add_argument("file")
+    p.add_argument("-o", "--output", default="timeline.png")
+    p.add_argument("--start", type=float, default=None, help="window start, ms")
+    p.add_argument("--end", type=float, default=None, help="window end, ms")
+    p.add_argument("--title", default=None)
+    args = parser.parse_args(argv)
+    plot(args.file, args.output, args.start, args.end, args.title)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
