@@ -1,0 +1,202 @@
+"""Train an MLP on handwritten digits with data parallelism over MPI ranks.
+
+    mpiexec -n 4 python examples/train_mlp.py
+    mpiexec -n 4 python examples/train_mlp.py --hidden 256,128 --no-overlap --trace run.json
+    mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
+    mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
+
+The global batch is split over the ranks (and over --accum-steps micro-batches
+on each), so the same --global-batch and --seed give the same training whatever
+the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+from mpi4py import MPI
+
+import mpidp
+from mpidp.trace import Tracer
+from mpidp.training import SGD, MLP, DataParallel, ShardSampler, checkpoint, data
+from mpidp.training.mlp import array_module, softmax_cross_entropy
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--global-batch", type=int, default=64, help="samples per step, all ranks")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--hidden", default="128,64", help="hidden widths, e.g. 128,64")
+    p.add_argument("--activation", default="relu", choices=["relu", "tanh"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--data", default="digits", choices=["digits", "synthetic"])
+    p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
+    p.add_argument("--progress-thread", action="store_true",
+                   help="advance all-reduces from a background thread too")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="0: one bucket per layer")
+    p.add_argument("--first-bucket-mb", type=float, default=1.0)
+    p.add_argument("--accum-steps", type=int, default=1, help="micro-batches per step")
+    p.add_argument("--algorithm", default="auto", choices=mpidp.ALGORITHMS["allreduce"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) here")
+    p.add_argument("--checkpoint", metavar="FILE", help="save here after every epoch")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also save every STEPS optimizer steps")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--metrics", metavar="FILE", help="JSON lines, one object per epoch")
+    p.add_argument("--progress", default="auto", choices=["auto", "always", "never"],
+                   help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
+    p.add_argument("--debug", action="store_true", help="check replicas are identical")
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint FILE")
+    return args
+
+
+class Progress:
+    """A plain-text progress bar on stderr, shown only once an epoch runs for a while."""
+
+    def __init__(self, mode: str, total: int, label: str):
+        self.on = mode == "always" or (mode == "auto" and sys.stderr.isatty())
+        self.total, self.label = total, label
+        self.t0 = self.shown = time.perf_counter()
+        self.drawn = False
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if not self.on or now - self.t0 < 1.0 or now - self.shown < 0.2:
+            return
+        filled = 30 * done // self.total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+                         f"{done}/{self.total} steps")
+        sys.stderr.flush()
+        self.shown, self.drawn = now, True
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r" + " " * 72 + "\r")
+            sys.stderr.flush()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    xp = array_module(args.device)
+    ds = data.digits(seed=args.seed) if args.data == "digits" else data.synthetic(seed=args.seed)
+    dtype = np.dtype(args.dtype)
+    x_train, y_train = xp.asarray(ds.x_train.astype(dtype)), xp.asarray(ds.y_train)
+    x_test, y_test = ds.x_test[rank::size].astype(dtype), ds.y_test[rank::size]  # my test shard
+    x_test, y_test = xp.asarray(x_test), xp.asarray(y_test)
+    sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed,
+                           args.accum_steps)
+    sizes = [ds.features, *[int(h) for h in args.hidden.split(",") if h], ds.classes]
+    model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
+    opt = SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    run_state = {"seed": args.seed, "global_batch": args.global_batch,
+                 "accum_steps": args.accum_steps}
+    start_epoch, start_step = 0, 0
+    if args.resume:  # every rank reads the same file; a bad one fails on all of them
+        saved = checkpoint.load(args.checkpoint, model, opt)
+        for key, value in run_state.items():
+            if saved[key] != value:
+                raise SystemExit(f"{args.checkpoint} was written with {key}={saved[key]}, "
+                                 f"this run has {value}: the data order would differ")
+        start_epoch, start_step = saved["epoch"], saved["step"]
+    tracer = Tracer(rank) if args.trace else None
+    ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
+                       args.algorithm, args.progress_thread, args.debug, tracer)
+    if rank == 0:
+        print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
+              f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
+              f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
+              f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
+        if start_epoch or start_step:
+            print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
+    metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and rank == 0 else None
+    comm.Barrier()
+    if tracer is not None:
+        tracer.reset_clock()
+
+    def save(epoch: int, step: int) -> None:
+        if args.checkpoint and rank == 0:
+            checkpoint.save(args.checkpoint, model, opt, {**run_state, "epoch": epoch,
+                                                          "step": step})
+
+    A = args.accum_steps
+    for epoch in range(start_epoch, args.epochs):
+        batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
+        first = start_step if epoch == start_epoch else 0
+        # loss sum, correct, samples, forward s, backward s, exposed comm s, steps
+        stats = np.zeros(7)
+        bar = Progress(args.progress if rank == 0 else "never", sampler.steps_per_epoch,
+                       f"epoch {epoch + 1}")
+        t_epoch = time.perf_counter()
+        for step in range(first, sampler.steps_per_epoch):
+            for a in range(A):
+                idx = xp.asarray(batches[step, a])
+                x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
+                with ddp.no_sync() if a < A - 1 else nullcontext():
+                    t0 = time.perf_counter()
+                    logits = ddp.forward(x)  # (b, C)
+                    t1 = time.perf_counter()
+                    loss, dlogits = softmax_cross_entropy(logits, y)
+                    if A > 1:
+                        dlogits /= A  # the mean over A micro-batches of b = mean over A*b
+                    ddp.backward(dlogits)
+                stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
+                              t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
+            t2 = time.perf_counter()
+            opt.step()
+            if tracer is not None:
+                tracer.add("sgd", t2, time.perf_counter(), "optimizer")
+            stats[6] += 1
+            if args.debug:
+                ddp.check_replicas()
+            if args.checkpoint_every and opt.steps % args.checkpoint_every == 0:
+                save(epoch, step + 1)
+            bar.update(step + 1)
+        bar.close()
+        elapsed = time.perf_counter() - t_epoch
+        correct = xp.asarray(0)
+        if len(y_test):
+            correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
+        totals = np.array([*stats, int(correct), len(y_test)], dtype=np.float64)
+        mpidp.allreduce(comm, mpidp.IN_PLACE, totals, op="sum")
+        save(epoch + 1, 0)
+        loss_sum, train_ok, seen, fwd, bwd, exposed, steps, test_ok, test_n = totals
+        per_step = 1e3 / max(steps, 1)  # seconds summed over ranks -> ms per step, rank average
+        row = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
+               "train_acc": train_ok / max(seen, 1), "test_acc": test_ok / max(test_n, 1),
+               "samples_per_s": seen / elapsed, "forward_ms": fwd * per_step,
+               "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
+               "epoch_s": elapsed, "ranks": size}
+        if rank == 0:
+            print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  train {row['train_acc']:.4f}"
+                  f"  test {row['test_acc']:.4f}  {row['samples_per_s']:8.0f} samples/s  "
+                  f"step ms: fwd {row['forward_ms']:.2f} bwd {row['backward_ms']:.2f} "
+                  f"comm {row['exposed_comm_ms']:.2f}", flush=True)
+            if metrics is not None:
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+    if tracer is not None:
+        tracer.write(args.trace, comm)
+        if rank == 0:
+            print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
+    if metrics is not None:
+        metrics.close()
+    ddp.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
