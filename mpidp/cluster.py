@@ -1,0 +1,457 @@
+"""An emulated cluster on one machine: K hosts as Linux network namespaces.
+
+Each host is a network namespace with its own loopback and one veth link to a
+bridge in the root namespace; every link is shaped by traffic control (a rate
+and a delay in each direction), so MPI ranks placed on different hosts talk over
+real TCP through a link as slow as a cluster's network::
+
+        root namespace:            mpidpc-br  (bridge, no address)
+                                  /     |     \\
+                      mpidpc-v0  mpidpc-v1  mpidpc-v2     tbf+netem on each (bridge -> host)
+                          |          |          |
+     namespace mpidpc-h0: mpidp0   mpidpc-h1: mpidp0   ...  tbf+netem on each (host -> bridge)
+                        10.77.0.1            10.77.0.2
+
+Only addresses of the subnet (default 10.77.0.0/24) are assigned, and only
+inside the namespaces: the root namespace gets no address and no route, so no
+traffic can leave for any other address. `mpiexec` (the mpich wheel's Hydra)
+runs in host 0; it starts a proxy on every host with a launcher script that
+Hydra believes is `ssh` and that does ``ip netns exec HOST ...``. The ranks
+use MPICH's libfabric TCP path (``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp``):
+the wheel's default UCX netmod finds the other ranks' shared memory (same
+machine, same boot id) and never touches the links.
+
+Every object's name starts with ``mpidpc-`` (or the prefix you pass), and only
+such objects are ever deleted. `Cluster` tears everything down on exit, on an
+exception and on Ctrl-C, and cleans up what a killed run left before building.
+
+Command line::
+
+    python -m mpidp.cluster run --hosts 4 --rate 1gbit --delay 0.1ms -- python bench.py
+    python -m mpidp.cluster up --hosts 2      # leave it up; prints the mpiexec line
+    python -m mpidp.cluster status
+    python -m mpidp.cluster down
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import ipaddress
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+PREFIX = "mpidpc"  # distinctive: nothing else on the machine is called this
+SUBNET = "10.77.0.0/24"
+IFACE = "mpidp0"  # the host's link, inside its namespace
+STATE_DIR = "/run/mpidp-cluster"
+NETMOD_ENV = {  # MPICH's TCP path; shared memory only between ranks of one host
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
+    "FI_TCP_IFACE": IFACE,
+}
+
+LAUNCHER = """#!/bin/sh
+# Hydra's "ssh": run the proxy command inside the emulated host's namespace.
+# Called as: LAUNCHER [ssh options] HOST COMMAND...   (HOST is an address)
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;   # ssh options that take a value
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+host="$1"; shift
+case "$host" in
+{cases}
+    *) echo "mpidp.cluster launcher: $host is not a host of the emulated cluster" >&2; exit 255 ;;
+esac
+exec {ip} netns exec "$ns" /bin/sh -c "$*"
+"""
+
+
+class ClusterError(RuntimeError):
+    """The emulated cluster cannot be built here (not root, no iproute2, no netns)."""
+
+
+def _sh(*argv: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode:
+        raise ClusterError(f"{shlex.join(argv)} failed: {result.stderr.strip() or result.stdout}")
+    return result
+
+
+def available() -> tuple[bool, str]:
+    """Can an emulated cluster be built here? Returns (ok, why not)."""
+    if sys.platform != "linux":
+        return False, "the emulated cluster needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return False, "the emulated cluster needs root (network namespaces, tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"the emulated cluster needs iproute2 (`{tool}` not found)"
+    probe = f"mpidpprobe{os.getpid()}"  # not ours-prefixed: cleanup() never races it
+    try:
+        _sh("ip", "netns", "add", probe)
+        try:
+            _sh("ip", "-n", probe, "link", "set", "lo", "up")
+            _sh("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root",
+                "tbf", "rate", "1gbit", "burst", "256kb", "latency", "50ms")
+        finally:
+            _sh("ip", "netns", "del", probe, check=False)
+    except ClusterError as e:
+        return False, f"network namespaces or tc qdiscs do not work here: {e}"
+    return True, ""
+
+
+def netem_available() -> bool:
+    """Is the netem qdisc (needed for an added delay) in this kernel?"""
+    probe = f"mpidpprobe{os.getpid()}"  # not ours-prefixed: cleanup() never races it
+    _sh("ip", "netns", "add", probe)
+    try:
+        return not _sh("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root",
+                       "netem", "delay", "0.1ms", check=False).returncode
+    finally:
+        _sh("ip", "netns", "del", probe, check=False)
+
+
+def names(prefix: str = PREFIX) -> tuple[list[str], list[str]]:
+    """The namespaces and root-namespace links that carry our prefix."""
+    ns = [line.split()[0] for line in _sh("ip", "netns", "list").stdout.splitlines()
+          if line.startswith(prefix + "-")]
+    links = []
+    for line in _sh("ip", "-o", "link", "show").stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name.startswith(prefix + "-"):
+            links.append(name)
+    return ns, links
+
+
+def cleanup(prefix: str = PREFIX) -> list[str]:
+    """Kill the processes in our namespaces, delete our namespaces and links; return them."""
+    if not prefix or "-" in prefix:
+        raise ValueError(f"refusing to clean up with prefix {prefix!r}")
+    ns, links = names(prefix)
+    for name in ns:  # a process keeps a namespace alive after `ip netns del`
+        pids = _sh("ip", "netns", "pids", name, check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    for link in links:  # deleting one end of a veth deletes the other
+        _sh("ip", "link", "del", link, check=False)
+    for name in ns:
+        _sh("ip", "netns", "del", name, check=False)
+    for _ in range(50):  # namespaces are dismantled asynchronously
+        if names(prefix) == ([], []):
+            break
+        time.sleep(0.1)
+    return ns + links
+
+
+class Cluster:
+    """K emulated hosts joined by shaped links; a context manager.
+
+    Args:
+        hosts: how many hosts (namespaces), 1..250.
+        rate: each link's rate in each direction, in tc's units ("1gbit", "100mbit").
+            None: no rate limit.
+        delay: one-way delay added in each direction ("0.1ms"), with netem; None: none
+            (a veth adds only tens of microseconds). Some kernels lack netem
+            (`netem_available()`); asking for a delay there raises ClusterError.
+        subnet: the private subnet the hosts' addresses come from.
+        prefix: start of every name this cluster creates (and may delete).
+        burst: the token bucket's burst; at least one 64 KiB TSO segment.
+    """
+
+    def __init__(self, hosts: int = 2, rate: str | None = "1gbit", delay: str | None = None,
+                 *, subnet: str = SUBNET, prefix: str = PREFIX, burst: str = "256kb"):
+        net = ipaddress.ip_network(subnet)
+        if not net.is_private:
+            raise ValueError(f"{subnet} is not a private subnet")
+        if not 1 <= hosts <= min(250, net.num_addresses - 2):
+            raise ValueError(f"{hosts} hosts do not fit in {subnet}")
+        if not prefix.isalnum() or len(prefix) > 8:
+            raise ValueError("prefix: up to 8 letters/digits (link names have 15 characters)")
+        self.n, self.rate, self.delay, self.burst = hosts, rate, delay, burst
+        self.prefix, self.net = prefix, net
+        self.addresses = [str(net.network_address + 1 + i) for i in range(hosts)]
+        self.namespaces = [f"{prefix}-h{i}" for i in range(hosts)]
+        self.state_dir = os.path.join(STATE_DIR, prefix)
+        self.launcher = os.path.join(self.state_dir, "launcher.sh")
+        self._lock = None
+        self.is_up = False
+        self.stragglers: list[str] = []
+
+    # ------------------------------------------------------------ build / tear down
+
+    def up(self, lock_timeout: float = 600.0) -> Cluster:
+        """Build the hosts (after cleaning up what a killed run left)."""
+        ok, why = available()
+        if not ok:
+            raise ClusterError(why)
+        if self.delay and not netem_available():
+            raise ClusterError(f"delay {self.delay} needs the netem qdisc, which this kernel "
+                               "lacks (sch_netem); run without a delay")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self._take_lock(lock_timeout)
+        try:
+            cleanup(self.prefix)
+            self._check_subnet_free()
+            bridge = f"{self.prefix}-br"
+            _sh("ip", "link", "add", bridge, "type", "bridge")
+            _sh("ip", "link", "set", bridge, "up")
+            for i, (ns, addr) in enumerate(zip(self.namespaces, self.addresses, strict=True)):
+                veth = f"{self.prefix}-v{i}"
+                _sh("ip", "netns", "add", ns)
+                _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", IFACE, "netns", ns)
+                _sh("ip", "link", "set", veth, "master", bridge, "up")
+                _sh("ip", "-n", ns, "addr", "add", f"{addr}/{self.net.prefixlen}", "dev", IFACE)
+                _sh("ip", "-n", ns, "link", "set", IFACE, "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                self._shape([], veth)  # bridge -> host
+                self._shape(["-n", ns], IFACE)  # host -> bridge
+            self._write_launcher()
+            self.is_up = True
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Kill what runs in the hosts and delete every object with our prefix."""
+        try:
+            cleanup(self.prefix)
+        finally:
+            self.is_up = False
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+
+    def __enter__(self) -> Cluster:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def _take_lock(self, timeout: float) -> None:
+        """One cluster per prefix at a time (others' test runs wait); freed if we die."""
+        self._lock = open(os.path.join(self.state_dir, "lock"), "w")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self._lock.close()
+                    self._lock = None
+                    raise ClusterError(f"another emulated cluster ({self.prefix}) is in use; "
+                                       f"waited {timeout:.0f} s") from None
+                time.sleep(0.2)
+
+    def _check_subnet_free(self) -> None:
+        """Refuse a subnet the machine already uses: our traffic must stay ours."""
+        for line in _sh("ip", "-o", "addr", "show").stdout.splitlines():
+            for word in line.split():
+                if "/" in word and word[0].isdigit() and "." in word:
+                    iface = ipaddress.ip_interface(word)
+                    if iface.network.overlaps(self.net):
+                        raise ClusterError(f"{self.net} overlaps {word} already on this machine; "
+                                           "pick another subnet")
+
+    def _shape(self, where: list[str], dev: str) -> None:
+        """Delay (netem) then rate (tbf) on a link's egress."""
+        tc = ["tc", *where, "qdisc", "add", "dev", dev]
+        parent = ["root"]
+        if self.delay:
+            _sh(*tc, "root", "handle", "1:", "netem", "delay", self.delay, "limit", "100000")
+            parent = ["parent", "1:1"]
+        if self.rate:
+            _sh(*tc, *parent, "handle", "10:", "tbf", "rate", self.rate, "burst", self.burst,
+                "latency", "100ms")
+
+    def _write_launcher(self) -> None:
+        cases = "\n".join(f"    {addr}) ns={ns} ;;"
+                          for addr, ns in zip(self.addresses, self.namespaces, strict=True))
+        text = LAUNCHER.format(cases=cases, ip=shutil.which("ip"))
+        tmp = self.launcher + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, self.launcher)
+
+    # ------------------------------------------------------------ faults
+
+    def link(self, host: int, state: str) -> None:
+        """Take host `host`'s link "down" or bring it back "up" (both ends)."""
+        _sh("ip", "link", "set", f"{self.prefix}-v{host}", state)
+        _sh("ip", "-n", self.namespaces[host], "link", "set", IFACE, state)
+
+    def counters(self, host: int) -> dict[str, int]:
+        """Bytes through host `host`'s link, seen from the bridge side."""
+        path = f"/sys/class/net/{self.prefix}-v{host}/statistics/"
+        return {k: int(open(path + f"{k}_bytes").read()) for k in ("rx", "tx")}
+
+    # ------------------------------------------------------------ launching
+
+    def mpiexec_argv(self, np_: int, argv: list[str], *, ppn: int | None = None,
+                     mpiexec: str | None = None, env: dict[str, str] | None = None,
+                     nolocal: bool = False, extra: list[str] | None = None) -> list[str]:
+        """The command that runs `argv` as `np_` ranks, `ppn` per host (default: spread)."""
+        if ppn is None:
+            ppn = -(-np_ // self.n)
+        if ppn * self.n < np_:
+            raise ValueError(f"{np_} ranks do not fit on {self.n} hosts x {ppn} per host")
+        mpiexec = mpiexec or _default_mpiexec()
+        genv = {**NETMOD_ENV, **({"MPIR_CVAR_NOLOCAL": "1"} if nolocal else {}), **(env or {})}
+        hosts = ",".join(f"{addr}:{ppn}" for addr in self.addresses)
+        cmd = ["ip", "netns", "exec", self.namespaces[0], mpiexec,
+               "-launcher", "ssh", "-launcher-exec", self.launcher,
+               "-localhost", self.addresses[0], "-hosts", hosts]
+        for key, value in genv.items():
+            cmd += ["-genv", key, value]
+        return [*cmd, *(extra or []), "-n", str(np_), *argv]
+
+    def run(self, np_: int, argv: list[str], *, timeout: float | None = None,
+            capture: bool = False, **kw) -> subprocess.CompletedProcess:
+        """Run `argv` as `np_` ranks across the hosts; kill the whole job after `timeout` s.
+
+        A job cut short by the timeout returns code 124 (as `timeout(1)` does).
+        Processes still alive in the hosts after mpiexec has returned (a proxy or
+        rank cut off from it) are killed and listed in ``self.stragglers``.
+        """
+        cmd = self.mpiexec_argv(np_, argv, **kw)
+        out = subprocess.PIPE if capture else None
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, text=True, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            self._stop(proc)
+            stdout, stderr = proc.communicate()
+            code = 124
+        except BaseException:  # Ctrl-C: stop the job, then let the caller tear down
+            self._stop(proc)
+            raise
+        finally:
+            self._kill_stragglers()
+        return subprocess.CompletedProcess(cmd, code, stdout, stderr)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen) -> None:
+        """SIGINT to mpiexec (it forwards to the ranks), SIGKILL to its group after 3 s."""
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(3)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def _kill_stragglers(self) -> None:
+        """Proxies and ranks cut off from mpiexec (a host whose link is down) outlive it."""
+        self.stragglers = []
+        for ns in self.namespaces:
+            for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    os.kill(int(pid), signal.SIGKILL)
+                    self.stragglers.append(f"{ns}: {pid} {cmdline.strip()}")
+                except (OSError, ValueError):
+                    pass
+
+
+def _default_mpiexec() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    if found is None:
+        raise ClusterError("no mpiexec found (install the mpich wheel: pip install mpich)")
+    return os.path.abspath(found)
+
+
+# ---------------------------------------------------------------- command line
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mpidp.cluster", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def shape(q):
+        q.add_argument("--hosts", type=int, default=2, help="emulated hosts (default 2)")
+        q.add_argument("--rate", default="1gbit", help="link rate, tc units; 'none' for no limit")
+        q.add_argument("--delay", default="none",
+                       help="one-way delay, e.g. 0.1ms (needs netem); default none")
+        q.add_argument("--subnet", default=SUBNET)
+
+    run = sub.add_parser("run", help="build, run a command across the hosts, tear down")
+    shape(run)
+    run.add_argument("-n", "--np", type=int, help="ranks (default: one per host)")
+    run.add_argument("--ppn", type=int, help="ranks per host")
+    run.add_argument("--nolocal", action="store_true",
+                     help="no shared memory even between ranks of one host (MPIR_CVAR_NOLOCAL=1)")
+    run.add_argument("--timeout", type=float, help="kill the job after this many seconds")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
+    up = sub.add_parser("up", help="build and leave up (one cluster at a time)")
+    shape(up)
+    sub.add_parser("down", help="tear down everything mpidp.cluster made")
+    sub.add_parser("status", help="list our namespaces and links")
+    return p
+
+
+def main(args: list[str] | None = None) -> int:
+    a = _parser().parse_args(args)
+    if a.cmd in ("down", "status"):
+        ok, why = available()
+        if not ok:
+            print(f"mpidp.cluster: {why}", file=sys.stderr)
+            return 2
+        if a.cmd == "down":
+            gone = cleanup()
+            print("removed: " + (" ".join(gone) or "nothing"))
+        else:
+            ns, links = names()
+            print("namespaces:", " ".join(ns) or "none")
+            print("links:", " ".join(links) or "none")
+        return 0
+    rate = None if a.rate == "none" else a.rate
+    delay = None if a.delay == "none" else a.delay
+    cluster = Cluster(a.hosts, rate, delay, subnet=a.subnet)
+    try:
+        if a.cmd == "up":
+            cluster.up()
+            cluster._lock.close()  # leave it up for others to use by hand
+            argv = cluster.mpiexec_argv(a.hosts, ["python", "script.py"])
+            print(f"{a.hosts} hosts up: {' '.join(cluster.addresses)} "
+                  f"({rate or 'no rate limit'}, {delay or 'no delay'})")
+            print("run:  " + shlex.join(argv))
+            print("down: python -m mpidp.cluster down")
+            return 0
+        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        if not argv:
+            print("mpidp.cluster run: give a command after --", file=sys.stderr)
+            return 2
+        with cluster:
+            result = cluster.run(a.np or a.hosts * (a.ppn or 1), argv, ppn=a.ppn,
+                                 nolocal=a.nolocal, timeout=a.timeout)
+        if result.returncode == 124:
+            print(f"mpidp.cluster: job killed after {a.timeout} s", file=sys.stderr)
+        return result.returncode
+    except ClusterError as e:
+        print(f"mpidp.cluster: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mpidp.cluster: interrupted; torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
