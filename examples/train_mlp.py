@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp.trace import Tracer
-from mpidp.training import SGD, MLP, DataParallel, ShardSampler, checkpoint, data
+from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
 from mpidp.training.mlp import array_module, softmax_cross_entropy
 
 
@@ -122,7 +122,9 @@ def main(argv=None) -> int:
               f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
         if start_epoch or start_step:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
-    metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and rank == 0 else None
+    metrics = None
+    if args.metrics and rank == 0:
+        metrics = open(args.metrics, "a" if args.resume else "w")  # noqa: SIM115
     comm.Barrier()
     if tracer is not None:
         tracer.reset_clock()

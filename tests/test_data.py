@@ -1,0 +1,57 @@
+"""The datasets and the sharding sampler that makes N ranks train like one."""
+
+import numpy as np
+import pytest
+
+from mpidp.training import ShardSampler, digits, synthetic
+
+
+def test_digits_ships_with_sklearn_and_splits_deterministically():
+    ds = digits()
+    assert ds.x_train.shape[1] == 64 and ds.classes == 10
+    assert len(ds.y_train) + len(ds.y_test) == 1797 and len(ds.y_test) == 359
+    assert 0 <= ds.x_train.min() and ds.x_train.max() <= 1
+    assert np.array_equal(digits().y_test, ds.y_test)
+
+
+def test_synthetic_has_the_asked_shape():
+    ds = synthetic(n=500, features=12, classes=4, seed=1)
+    assert ds.x_train.shape == (400, 12) and ds.x_test.shape == (100, 12)
+    assert set(np.unique(ds.y_train)) <= set(range(4))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_shards_are_disjoint_equal_and_cover_all_but_the_dropped_tail(size, accum):
+    n, G = 101, 24
+    shards = [ShardSampler(n, G, r, size, seed=5, accum_steps=accum).epoch(3)
+              for r in range(size)]
+    assert all(s.shape == (n // G, accum, G // (size * accum)) for s in shards)
+    seen = np.concatenate([s.ravel() for s in shards])
+    assert len(np.unique(seen)) == len(seen) == (n // G) * G  # disjoint, 5 samples dropped
+    assert seen.min() >= 0 and seen.max() < n
+
+
+def test_global_batches_do_not_depend_on_the_number_of_ranks():
+    n, G = 100, 24
+    one = ShardSampler(n, G, 0, 1, seed=2).global_batches(0)
+    for size in (2, 3, 4):
+        for accum in (1, 2):
+            per_rank = [ShardSampler(n, G, r, size, 2, accum).epoch(0) for r in range(size)]
+            for step in range(one.shape[0]):
+                ours = np.concatenate([s[step].ravel() for s in per_rank])
+                assert np.array_equal(np.sort(ours), np.sort(one[step]))
+
+
+def test_order_comes_from_seed_and_epoch_only():
+    a = ShardSampler(64, 16, seed=1)
+    assert np.array_equal(a.epoch(0), ShardSampler(64, 16, seed=1).epoch(0))
+    assert not np.array_equal(a.epoch(0), a.epoch(1))  # reshuffled every epoch
+    assert not np.array_equal(a.epoch(0), ShardSampler(64, 16, seed=2).epoch(0))
+
+
+def test_bad_batch_sizes_are_refused():
+    with pytest.raises(ValueError, match="multiple"):
+        ShardSampler(100, 10, 0, 4)
+    with pytest.raises(ValueError, match="exceeds"):
+        ShardSampler(10, 20, 0, 1)

@@ -1,0 +1,172 @@
+"""DataParallel: N ranks on shards of the global batch train exactly like one rank on it.
+
+Every multi-rank test computes the 1-rank reference inside the same job, on every
+rank, with a plain non-distributed loop over the global batches, then compares.
+"""
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.collectives import CountingComm
+from mpidp.training import MLP, SGD, DataParallel, ShardSampler, softmax_cross_entropy
+
+SIZES = [20, 16, 12, 5]  # 3 layers: with bucket_mb=0, 3 buckets in flight together
+N_SAMPLES, GLOBAL_BATCH, EPOCHS = 48, 24, 2  # 2 steps per epoch, 4 steps in all
+HYPER = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
+TOL = {"rtol": 1e-11, "atol": 1e-13}  # summation order only, in float64
+
+
+def dataset():
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((N_SAMPLES, SIZES[0]))  # (n, D)
+    y = rng.integers(0, SIZES[-1], N_SAMPLES)  # (n,)
+    return x, y
+
+
+def reference() -> dict:
+    """One process, one batch of GLOBAL_BATCH samples per step: what DP must reproduce."""
+    x, y = dataset()
+    model = MLP(SIZES, dtype="float64", seed=0)
+    opt = SGD(model.params, model.grads, **HYPER)
+    sampler = ShardSampler(N_SAMPLES, GLOBAL_BATCH, seed=7)
+    for epoch in range(EPOCHS):
+        for idx in sampler.global_batches(epoch):
+            _, dlogits = softmax_cross_entropy(model.forward(x[idx]), y[idx])
+            model.backward(dlogits)
+            opt.step()
+    return model.params
+
+
+def train(comm, accum=1, check_every_step=True, **ddp_kw) -> dict:
+    """DP training; every rank starts from different weights (the broadcast must fix that)."""
+    x, y = dataset()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    model = MLP(SIZES, dtype="float64", seed=rank)
+    ddp = DataParallel(model, comm, **ddp_kw)
+    opt = SGD(model.params, model.grads, **HYPER)
+    sampler = ShardSampler(N_SAMPLES, GLOBAL_BATCH, rank, size, seed=7, accum_steps=accum)
+    with ddp:
+        for epoch in range(EPOCHS):
+            for micro_batches in sampler.epoch(epoch):  # (A, b)
+                for a, idx in enumerate(micro_batches):
+                    with ddp.no_sync() if a < accum - 1 else nullcontext():
+                        _, dlogits = softmax_cross_entropy(ddp.forward(x[idx]), y[idx])
+                        ddp.backward(dlogits / accum)
+                opt.step()
+                if check_every_step:
+                    ddp.check_replicas()  # bitwise identical on every rank, every step
+    return model.params
+
+
+def assert_close(params, expected, what):
+    for name in expected:
+        np.testing.assert_allclose(params[name], expected[name], **TOL, err_msg=f"{what} {name}")
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+def test_equals_one_rank_for_every_algorithm_with_and_without_overlap(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    expected = reference()
+    for algorithm in mpidp.ALGORITHMS["allreduce"]:
+        for overlap in (True, False):
+            for bucket_mb in (0, 25):  # one bucket per layer; one bucket for everything
+                params = train(comm, algorithm=algorithm, overlap=overlap, bucket_mb=bucket_mb)
+                assert_close(params, expected, f"{algorithm} overlap={overlap} mb={bucket_mb}")
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    expected = reference()
+    accums = [a for a in (2, 3, 4) if GLOBAL_BATCH % (mpi_ranks * a) == 0]
+    for accum in accums:
+        for overlap in (True, False):
+            params = train(comm, accum=accum, overlap=overlap, bucket_mb=0)
+            assert_close(params, expected, f"accum={accum} overlap={overlap}")
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_progress_thread_gives_the_same_result(mpi_ranks):
+    assert_close(train(MPI.COMM_WORLD, bucket_mb=0, progress_thread=True), reference(),
+                 "progress thread")
+
+
+@pytest.mark.mpi(ranks=[3], timeout=60)
+def test_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum(mpi_ranks):
+    comm = CountingComm(MPI.COMM_WORLD)
+    rank = comm.Get_rank()
+    model = MLP([4, 3, 2], dtype="float64", seed=0)
+    ddp = DataParallel(model, comm, bucket_mb=0)
+    x = np.full((2, 4), float(rank + 1))
+    y = np.array([0, 1])
+    comm.reset()
+    with ddp.no_sync():
+        ddp.forward(x)
+        ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
+    assert comm.bytes_sent == 0 and comm.messages_sent == 0
+    ddp.forward(x)
+    ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
+    assert comm.bytes_sent > 0
+    # expected: the average over ranks of 2 x (each rank's gradient)
+    expected = {}
+    for r in range(3):
+        m = MLP([4, 3, 2], dtype="float64", seed=0)
+        xr = np.full((2, 4), float(r + 1))
+        m.backward(softmax_cross_entropy(m.forward(xr), y)[1])
+        for k, g in m.grads.items():
+            expected[k] = expected.get(k, 0) + 2 * g / 3
+    assert_close(model.grads, expected, "accumulated")
+
+
+@pytest.mark.mpi(ranks=[2, 4], timeout=60)
+def test_broadcast_at_start_and_check_replicas_catches_a_drift(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    model = MLP([6, 5, 3], dtype="float32", seed=100 + comm.Get_rank())
+    ddp = DataParallel(model, comm, debug=True)  # checks replicas after the broadcast
+    rank0 = MLP([6, 5, 3], dtype="float32", seed=100)
+    for k in model.params:
+        assert np.array_equal(model.params[k], rank0.params[k])
+    if comm.Get_rank() == 1:
+        model.params["b2"][0] += 1e-3
+    with pytest.raises(RuntimeError, match=r"ranks \[1\] differ"):
+        ddp.check_replicas()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_overlap_launches_buckets_during_backward_in_order(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    model = MLP([64, 256, 256, 256, 10], dtype="float64", seed=0)
+    ddp = DataParallel(model, comm, bucket_mb=0, overlap=True)
+    x, y = np.ones((8, 64)), np.zeros(8, dtype=np.int64)
+    ddp.forward(x)
+    ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
+    times = ddp.bucket_times()
+    assert [t["layers"] for t in times] == [[4], [3], [2], [1]]
+    launches = [t["launch"] for t in times]
+    assert launches == sorted(launches)
+    backward_end = ddp.timings["backward"]
+    assert all(t["launch"] < backward_end for t in times)
+    assert times[0]["launch"] < times[-1]["launch"]  # the first starts before layer 1 is done
+    ddp = DataParallel(model, comm, bucket_mb=0, overlap=False)
+    ddp.forward(x)
+    ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
+    assert all(t["launch"] >= ddp.timings["backward"] for t in ddp.bucket_times())
+
+
+def test_buckets_are_reverse_layer_order_and_grads_are_views_of_them():
+    comm = MPI.COMM_SELF
+    model = MLP([100, 300, 300, 10], dtype="float64", seed=0)  # W1 240 KB, W2 720 KB, W3 24 KB
+    ddp = DataParallel(model, comm, bucket_mb=0.5, first_bucket_mb=0.01)
+    assert [b.layers for b in ddp.buckets] == [[3], [2], [1]]
+    for b in ddp.buckets:
+        for name in b.names:
+            assert np.shares_memory(model.grads[name], b.flat)
+    assert sum(b.flat.size for b in ddp.buckets) == model.num_params()
+    one = DataParallel(MLP([100, 300, 300, 10], seed=0), comm)  # defaults: 25 MiB, first 1 MiB
+    assert [b.layers for b in one.buckets] == [[3, 2, 1]]
+    with pytest.raises(ValueError, match="algorithm"):
+        DataParallel(MLP([3, 2]), comm, algorithm="nope")
