@@ -1,0 +1,560 @@
+"""Comm: an mpi4py-compatible communicator whose buffer collectives run mpidp's algorithms.
+
+Change one line of an mpi4py program::
+
+    comm = MPI.COMM_WORLD                   # before
+    comm = mpidp.Comm(MPI.COMM_WORLD)       # after
+
+and its ``Allreduce``, ``Reduce_scatter_block``, ``Reduce_scatter``, ``Allgather``,
+``Allgatherv`` and ``Bcast`` (and their ``I``-forms) run mpidp's point-to-point
+algorithms, never the MPI library's collectives. Every other attribute is the
+wrapped communicator's (``Get_rank``, ``Send``, ``Barrier``, ``comm.rank``, ...).
+
+A call goes through three steps:
+
+    buffer spec  --parse-->  typed 1-D view of the user's memory  --api.plan_*-->  rounds
+    [x, 3, MPI.INT]          x[:3] as int32, no copy                 run(), or a Request
+
+1. Parse the buffer spec with mpi4py's rules (``message_simple`` and
+   ``message_vector`` in mpi4py's msgbuffer.pxi): ``buf``, ``[buf, type]``,
+   ``[buf, count, type]``, ``[buf, (count, displ), type]``,
+   ``[buf, count, displ, type]``; for ``Allgatherv`` counts and displs are lists.
+   A count given for ``Allgather``'s recvbuf (or ``Reduce_scatter_block``'s
+   sendbuf) is per rank, as in MPI. The view shares memory with ``buf``, so the
+   result lands in the user's buffer.
+2. Check counts and types as mpi4py does (``ValueError`` before any message).
+3. Take the next tag of this Comm (see below) and hand the views to ``api.plan_*``.
+
+Tags: collective k on this Comm uses tag ``TAG_BASE + k % TAG_SPAN``. Every rank
+calls collectives in the same order, so the ranks agree on the tag, and up to
+TAG_SPAN nonblocking collectives may be in flight on one Comm without their
+messages crossing. Keep your own point-to-point tags below ``TAG_BASE``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from . import api
+from .api import IN_PLACE, TAG_BASE, TAG_SPAN
+from .buffers import ScratchPool
+from .schedule import waitall
+
+_KINDS = "biufcS"  # booleans, integers, floats, complex, bytes: what the ops and copies handle
+
+
+class Request:
+    """A nonblocking mpidp collective, with the methods of an mpi4py ``MPI.Request``.
+
+    ``MPI.Request.Waitall`` and the other functions of mpi4py itself do not accept
+    it (they need a real MPI request); use `Request.Waitall`, `Request.Testall`
+    or `mpidp.waitall`. The lower-case ``test()``/``wait()`` are `Handle`'s, so
+    `mpidp.waitall` and `mpidp.testall` take these requests too.
+    """
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle  # the Handle driving the collective (`.rounds`, `.done`)
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Make progress without blocking; True when the collective is complete."""
+        return self.handle.test()
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Block until the collective is complete; returns True, as mpi4py's does."""
+        self.handle.wait()
+        return True
+
+    def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """True if the collective is complete (it makes progress, like MPI's)."""
+        return self.handle.test()
+
+    def test(self) -> bool:
+        return self.handle.test()
+
+    def wait(self) -> None:
+        self.handle.wait()
+
+    @staticmethod
+    def Waitall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
+        """Complete every request: mpidp's, mpi4py's own, or a mix of the two.
+
+        mpidp requests alone are completed by `mpidp.waitall` (blocking on the
+        first pending one). With MPI requests in the list, every request is polled
+        until all are done: blocking on an MPI request could starve an mpidp
+        collective that a peer needs to finish first.
+        """
+        if not any(isinstance(r, MPI.Request) for r in requests):
+            waitall(requests)
+            return True
+        while not Request.Testall(requests):
+            pass
+        return True
+
+    @staticmethod
+    def Testall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
+        """Advance every request once; True if all are complete."""
+        return all([r.Test() for r in requests])
+
+    def __repr__(self) -> str:
+        return f"<mpidp.Request {'done' if self.handle.done else 'pending'}>"
+
+
+class Comm:
+    """An mpi4py-compatible intracommunicator whose buffer collectives are mpidp's.
+
+    Args:
+        comm: an mpi4py intracommunicator, or any object with its point-to-point
+            methods (such as `CountingComm`).
+        algorithm: a name from `mpidp.ALGORITHMS`, used by every collective that
+            has it (the others use "auto"), or a dict ``{collective: name}``.
+        debug: before each collective, check that all ranks passed the same
+            count, dtype, op and algorithm (one small all-gather; see api.py).
+    """
+
+    def __init__(self, comm, algorithm: str | Mapping[str, str] = "auto", *,
+                 debug: bool = False):
+        if isinstance(comm, Comm):
+            comm = comm.comm
+        if isinstance(comm, MPI.Comm):
+            if comm == MPI.COMM_NULL:
+                raise ValueError("cannot wrap MPI.COMM_NULL")
+            if comm.Is_inter():
+                raise NotImplementedError("mpidp.Comm wraps intracommunicators only")
+        _check_algorithm(algorithm)
+        self.comm = comm
+        self.algorithm = dict(algorithm) if isinstance(algorithm, Mapping) else algorithm
+        self.debug = debug
+        self.pool = ScratchPool()  # scratch for this Comm's reductions
+        self._calls = 0  # collectives started: the tag counter
+
+    # ------------------------------------------------------------ reductions
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
+        """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
+        self._allreduce(sendbuf, recvbuf, op, algorithm).run()
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
+        """Start an Allreduce; returns a Request."""
+        return Request(self._allreduce(sendbuf, recvbuf, op, algorithm).start())
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
+                             algorithm=None) -> None:
+        """Rank r's recvbuf gets block r of the reduced sendbuf, equal blocks."""
+        self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm).run()
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
+                              algorithm=None) -> Request:
+        """Start a Reduce_scatter_block; returns a Request."""
+        return Request(self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm).start())
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
+                       algorithm=None) -> None:
+        """Rank r's recvbuf gets recvcounts[r] items of the reduced sendbuf."""
+        self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm).run()
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
+                        algorithm=None) -> Request:
+        """Start a Reduce_scatter; returns a Request (recvcounts=None gathers them first)."""
+        return Request(self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm).start())
+
+    # ------------------------------------------------------------ data movement
+
+    def Allgather(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
+        """Block r of every rank's recvbuf gets rank r's sendbuf (MPI_Allgather)."""
+        self._allgather(sendbuf, recvbuf, algorithm).run()
+
+    def Iallgather(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
+        """Start an Allgather; returns a Request."""
+        return Request(self._allgather(sendbuf, recvbuf, algorithm).start())
+
+    def Allgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
+        """Allgather with per-rank counts and displacements in the recvbuf spec."""
+        self._allgatherv(sendbuf, recvbuf, algorithm).run()
+
+    def Iallgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
+        """Start an Allgatherv; returns a Request."""
+        return Request(self._allgatherv(sendbuf, recvbuf, algorithm).start())
+
+    def Bcast(self, buf, root: int = 0, *, algorithm=None) -> None:  # noqa: N802
+        """Every rank's buf gets root's buf (MPI_Bcast)."""
+        self._bcast(buf, root, algorithm).run()
+
+    def Ibcast(self, buf, root: int = 0, *, algorithm=None) -> Request:  # noqa: N802
+        """Start a Bcast; returns a Request."""
+        return Request(self._bcast(buf, root, algorithm).start())
+
+    # ------------------------------------------------------------ parse, check, plan
+
+    def _allreduce(self, sendbuf, recvbuf, op, algorithm):
+        recv, count = _simple(recvbuf, "recvbuf", writable=True)
+        send = IN_PLACE
+        if sendbuf is not IN_PLACE:
+            send, scount = _simple(sendbuf, "sendbuf")
+            _check_match(send, scount, recv, count)
+            if _same_memory(send, recv):  # mpi4py: the same buffer twice means in place
+                send = IN_PLACE
+        return self._plan(api.plan_allreduce, "allreduce", algorithm, send, recv, op=op,
+                          pool=self.pool)
+
+    def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm):
+        n = self.comm.Get_size()
+        if sendbuf is IN_PLACE:  # the n blocks are in recvbuf; a count given is per block
+            recv, _ = _simple(recvbuf, "recvbuf", blocks=n, writable=True)
+            send = IN_PLACE
+        else:
+            recv, count = _simple(recvbuf, "recvbuf", writable=True)
+            send, scount = _simple(sendbuf, "sendbuf", blocks=n)
+            _check_match(send, scount, recv, count)
+            if _same_memory(send, recv):
+                send, recv = IN_PLACE, send
+        return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+                          op=op, pool=self.pool)
+
+    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm):
+        n, rank = self.comm.Get_size(), self.comm.Get_rank()
+        recv, count = _simple(recvbuf, "recvbuf", writable=True)
+        if sendbuf is IN_PLACE:
+            if recvcounts is None:
+                raise TypeError("Reduce_scatter with sendbuf=IN_PLACE needs recvcounts")
+            send, total = IN_PLACE, count
+        else:
+            send, total = _simple(sendbuf, "sendbuf")
+            if send.dtype != recv.dtype:
+                raise ValueError(f"mismatch in send and receive datatypes: "
+                                 f"{send.dtype} and {recv.dtype}")
+            if recvcounts is None:  # as mpi4py: every rank's recvbuf count, gathered
+                recvcounts = self._gather_counts(count)
+        recvcounts = [operator.index(c) for c in recvcounts]
+        if len(recvcounts) != n:
+            raise ValueError(f"expecting {n} recvcounts, got {len(recvcounts)}")
+        if total != sum(recvcounts):
+            raise ValueError(f"mismatch in {'receive' if send is IN_PLACE else 'send'} "
+                             f"count {total} and sum(recvcounts) {sum(recvcounts)}")
+        if send is not IN_PLACE:
+            if count != recvcounts[rank]:
+                raise ValueError(f"mismatch in receive count {count} and "
+                                 f"recvcounts[{rank}] {recvcounts[rank]}")
+            if _same_memory(send, recv):
+                send, recv = IN_PLACE, send
+        return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+                          recvcounts=recvcounts, op=op, pool=self.pool)
+
+    def _allgather(self, sendbuf, recvbuf, algorithm):
+        recv, count = _simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
+        send = IN_PLACE
+        if sendbuf is not IN_PLACE:
+            send, scount = _simple(sendbuf, "sendbuf")
+            _check_match(send, scount, recv, count)
+        return self._plan(api.plan_allgather, "allgather", algorithm, send, recv)
+
+    def _allgatherv(self, sendbuf, recvbuf, algorithm):
+        recv, counts, displs = _vector(recvbuf, "recvbuf", self.comm.Get_size())
+        send = IN_PLACE
+        if sendbuf is not IN_PLACE:
+            send, scount = _simple(sendbuf, "sendbuf")
+            rank = self.comm.Get_rank()
+            _check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
+        return self._plan(api.plan_allgather, "allgather", algorithm, send, recv,
+                          recvcounts=counts, displs=displs)
+
+    def _bcast(self, buf, root, algorithm):
+        is_root = self.comm.Get_rank() == root
+        data, _ = _simple(buf, "buf", writable=not is_root)
+        return self._plan(api.plan_bcast, "bcast", algorithm, data, root=operator.index(root))
+
+    def _gather_counts(self, count: int) -> list[int]:
+        """Every rank's `count`, by an mpidp all-gather (Reduce_scatter without recvcounts)."""
+        counts = np.zeros(self.comm.Get_size(), dtype=np.int64)
+        counts[self.comm.Get_rank()] = count
+        self._plan(api.plan_allgather, "allgather", None, IN_PLACE, counts).run()
+        return counts.tolist()
+
+    def _plan(self, plan, collective: str, algorithm, *args, **kwargs):
+        """Call ``api.plan_<collective>`` with this Comm's algorithm, next tag and debug flag."""
+        tag = TAG_BASE + self._calls % TAG_SPAN
+        self._calls += 1
+        try:
+            return plan(self.comm, *args, algorithm=self._algorithm_for(collective, algorithm),
+                        tag=tag, debug=self.debug, **kwargs)
+        except BaseException:
+            self._calls -= 1  # nothing was started: the tag is still free
+            raise
+
+    def _algorithm_for(self, collective: str, override) -> str:
+        """The algorithm name for one call: a per-call override, else this Comm's setting."""
+        if override is not None:
+            return override  # api checks it against ALGORITHMS[collective]
+        if isinstance(self.algorithm, Mapping):
+            return self.algorithm.get(collective, "auto")
+        names = api.ALGORITHMS.get(collective, ("auto",))
+        return self.algorithm if self.algorithm in names else "auto"
+
+    # ------------------------------------------------------------ new communicators
+
+    def _wrap(self, newcomm):
+        """A communicator made from this one, wrapped with the same settings."""
+        if newcomm == MPI.COMM_NULL or (isinstance(newcomm, MPI.Comm) and newcomm.Is_inter()):
+            return newcomm
+        return Comm(newcomm, self.algorithm, debug=self.debug)
+
+    def Dup(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Dup(*args, **kwargs))
+
+    def Dup_with_info(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Dup_with_info(*args, **kwargs))
+
+    def Idup(self, *args, **kwargs) -> tuple:  # noqa: N802
+        newcomm, request = self.comm.Idup(*args, **kwargs)
+        return self._wrap(newcomm), request
+
+    def Clone(self) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Clone())
+
+    def Split(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Split(*args, **kwargs))
+
+    def Split_type(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Split_type(*args, **kwargs))
+
+    def Create(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Create(*args, **kwargs))
+
+    def Create_group(self, *args, **kwargs) -> Comm:  # noqa: N802
+        return self._wrap(self.comm.Create_group(*args, **kwargs))
+
+    # ------------------------------------------------------------ everything else
+
+    def __getattr__(self, name: str):
+        if name == "comm":  # not set yet (copy, unpickling): do not recurse
+            raise AttributeError(name)
+        return getattr(self.comm, name)
+
+    def __eq__(self, other) -> bool:
+        return self.comm == (other.comm if isinstance(other, Comm) else other)
+
+    __hash__ = None  # as mpi4py's communicators
+
+    def __bool__(self) -> bool:
+        return bool(self.comm)
+
+    def __repr__(self) -> str:
+        return f"mpidp.Comm({self.comm!r}, algorithm={self.algorithm!r})"
+
+
+# ---------------------------------------------------------------- algorithm names
+
+def _check_algorithm(algorithm) -> None:
+    """Raise ValueError for a name (or dict entry) that mpidp.ALGORITHMS does not list."""
+    algorithms = api.ALGORITHMS
+    if isinstance(algorithm, str):
+        names = sorted({name for names in algorithms.values() for name in names})
+        if algorithm not in names:
+            raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {names}, "
+                             f"or a dict {{collective: name}} (see mpidp.ALGORITHMS)")
+    elif isinstance(algorithm, Mapping):
+        for collective, name in algorithm.items():
+            if collective not in algorithms:
+                raise ValueError(f"unknown collective {collective!r}; "
+                                 f"expected one of {list(algorithms)}")
+            if name not in algorithms[collective]:
+                raise ValueError(f"unknown {collective} algorithm {name!r}; "
+                                 f"expected one of {algorithms[collective]}")
+    else:
+        raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")
+
+
+# ---------------------------------------------------------------- buffer specs
+
+def _simple(spec, what: str, blocks: int = 0, writable: bool = False):
+    """Parse a buffer spec as mpi4py's ``message_simple``: return (view, count).
+
+    The view holds ``count * max(blocks, 1)`` items from the displacement on. With
+    ``blocks >= 2`` (Allgather's recvbuf) ``count`` is per block; if the spec gives
+    no count, the buffer must divide into the blocks.
+    """
+    buf, count, displ, datatype = _unpack(spec, vector=False)
+    data = _typed(buf, datatype, what, writable)
+    displ = 0 if displ is None else operator.index(displ)
+    if displ < 0:
+        raise ValueError(f"message: negative displacement {displ}")
+    if displ > data.size:
+        raise ValueError(f"message: displacement {displ} out of bounds, "
+                         f"number of datatype entries {data.size}")
+    left = data.size - displ
+    if count is None:
+        if blocks >= 2 and left % blocks:
+            raise ValueError(f"message: cannot infer count, number of entries {left} "
+                             f"is not a multiple of required number of blocks {blocks}")
+        count = left // max(blocks, 1)
+    count = operator.index(count)
+    if count < 0:
+        raise ValueError(f"message: negative count {count}")
+    items = count * max(blocks, 1)
+    if items > left:
+        raise ValueError(f"{what}: {items} items from displacement {displ} do not fit "
+                         f"in a buffer of {data.size}")
+    return data[displ : displ + items], count
+
+
+def _vector(spec, what: str, n: int):
+    """Parse a buffer spec as mpi4py's ``message_vector``: return (view, counts, displs)."""
+    buf, counts, displs, datatype = _unpack(spec, vector=True)
+    data = _typed(buf, datatype, what, writable=True)
+    if counts is None:  # as mpi4py: split the buffer as evenly as possible
+        base, extra = divmod(data.size, n)
+        counts = [base + (i < extra) for i in range(n)]
+    elif isinstance(counts, (int, np.integer)):
+        counts = [int(counts)] * n
+    else:
+        counts = [operator.index(c) for c in counts]
+    if len(counts) != n:
+        raise ValueError(f"expecting {n} counts, got {len(counts)}")
+    if displs is None:  # packed
+        displs = [sum(counts[:i]) for i in range(n)]
+    elif isinstance(displs, (int, np.integer)):  # strided
+        displs = [int(displs) * i for i in range(n)]
+    else:
+        displs = [operator.index(d) for d in displs]
+    if len(displs) != n:
+        raise ValueError(f"expecting {n} displs, got {len(displs)}")
+    return data, counts, displs
+
+
+def _unpack(spec, vector: bool):
+    """Split a spec into (buf, count, displ, datatype), any of the last three None."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, None, None
+    # simple messages take (count, displ) as a tuple or a list; vector ones as a tuple
+    pair = tuple if vector else (tuple, list)
+    count = displ = datatype = None
+    if len(spec) == 2:
+        buf, count = spec
+        if isinstance(count, (MPI.Datatype, str)):
+            count, datatype = None, count
+        elif isinstance(count, pair):
+            count, displ = count
+    elif len(spec) == 3:
+        buf, count, datatype = spec
+        if isinstance(count, pair):
+            count, displ = count
+    elif len(spec) == 4:
+        buf, count, displ, datatype = spec
+    else:
+        raise ValueError("message: expecting 2 to 4 items")
+    return buf, count, displ, datatype
+
+
+def _typed(buf, datatype, what: str, writable: bool):
+    """All of `buf` as a 1-D array of `datatype`'s items (buf's own dtype if None), no copy."""
+    arr = _as_array(buf, what)
+    if writable and not arr.flags.writeable:
+        raise BufferError(f"{what} is not writable")
+    if datatype is None:
+        dtype = arr.dtype
+        if dtype.kind not in _KINDS or not dtype.isnative:
+            raise TypeError(f"{what}: dtype {dtype} is not supported "
+                            "(native-order booleans, integers, floats, complex)")
+        return arr
+    dtype = _to_dtype(datatype, what)
+    if arr.dtype == dtype:
+        return arr
+    if arr.nbytes % dtype.itemsize:
+        raise ValueError(f"message: cannot infer count, buffer length {arr.nbytes} is not "
+                         f"a multiple of datatype extent {dtype.itemsize}")
+    return arr.view("u1").view(dtype)  # reinterpret the bytes, as MPI does
+
+
+def _as_array(buf, what: str):
+    """The memory of `buf` as a contiguous 1-D NumPy (host) or CuPy (device) array, no copy."""
+    if buf is None:
+        return np.empty(0, dtype=np.uint8)
+    if isinstance(buf, np.ndarray):
+        arr = np.asarray(buf)
+    elif hasattr(buf, "__cuda_array_interface__"):
+        import cupy
+
+        arr = cupy.asarray(buf)
+    else:
+        try:
+            view = memoryview(buf)  # bytearray, array.array, memoryview, ...
+        except TypeError:
+            if not hasattr(buf, "__dlpack__"):
+                raise TypeError(f"{what}: expecting a buffer or a list/tuple, "
+                                f"not {type(buf).__name__}") from None
+            arr = _from_dlpack(buf)
+        else:
+            if not view.contiguous:
+                raise BufferError(f"{what}: buffer is not contiguous")
+            try:
+                arr = np.asarray(view)
+            except (ValueError, TypeError, NotImplementedError):  # a format NumPy cannot read
+                arr = np.frombuffer(view.cast("B") if view.ndim != 1 else view, dtype=np.uint8)
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1)
+    if arr.flags.f_contiguous:
+        return arr.reshape(-1, order="F")  # memory order: what MPI would send
+    raise BufferError(f"{what}: buffer is not contiguous (strides {arr.strides})")
+
+
+def _from_dlpack(buf):
+    device_type, _ = buf.__dlpack_device__()
+    if device_type == 1:  # kDLCPU
+        return np.from_dlpack(buf)
+    import cupy
+
+    return cupy.from_dlpack(buf)
+
+
+def _to_dtype(datatype, what: str) -> np.dtype:
+    """The NumPy dtype of a predefined MPI datatype; NotImplementedError for the others."""
+    if isinstance(datatype, str):
+        try:
+            datatype = MPI.Datatype.fromcode(datatype)
+        except (KeyError, ValueError):
+            raise KeyError(f"cannot map {datatype!r} to MPI datatype") from None
+    if not isinstance(datatype, MPI.Datatype):
+        raise TypeError(f"{what}: expecting an MPI.Datatype, not {type(datatype).__name__}")
+    if datatype == MPI.DATATYPE_NULL:
+        raise ValueError(f"{what}: MPI.DATATYPE_NULL is not a datatype of data")
+    if not datatype.is_predefined:
+        raise NotImplementedError(
+            f"{what}: derived datatypes (contiguous, vector, indexed, struct, ...) are not "
+            "supported by mpidp.Comm; pass a predefined datatype and a count")
+    try:
+        dtype = dtlib.to_numpy_dtype(datatype)
+    except (ValueError, KeyError, TypeError):
+        dtype = None
+    if (dtype is None or dtype.kind not in _KINDS or dtype.itemsize != datatype.Get_size()
+            or datatype.Get_extent() != (0, dtype.itemsize)):
+        raise NotImplementedError(
+            f"{what}: MPI datatype {datatype.Get_name() or datatype} is not supported by "
+            "mpidp.Comm (numbers and booleans are; pair types such as MPI.DOUBLE_INT are not)")
+    return dtype
+
+
+def _check_match(send, scount: int, recv, rcount: int, rwhat: str = "receive count") -> None:
+    """mpi4py's checks that a sendbuf and a recvbuf describe the same message."""
+    if send.dtype != recv.dtype:
+        raise ValueError(f"mismatch in send and receive datatypes: {send.dtype} and {recv.dtype}")
+    if scount != rcount:
+        raise ValueError(f"mismatch in send count {scount} and {rwhat} {rcount}")
+
+
+def _same_memory(send, recv) -> bool:
+    """True if both views start at the same address (mpi4py then runs the call in place)."""
+    if send.size == 0 or type(send) is not type(recv):
+        return False
+    return _address(send) == _address(recv)
+
+
+def _address(arr) -> int:
+    if isinstance(arr, np.ndarray):
+        return arr.__array_interface__["data"][0]
+    return arr.__cuda_array_interface__["data"][0]
