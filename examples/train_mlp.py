@@ -52,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="also save every STEPS optimizer steps")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many optimizer steps in all (0: run every epoch)")
     p.add_argument("--metrics", metavar="FILE", help="JSON lines, one object per epoch")
     p.add_argument("--progress", default="auto", choices=["auto", "always", "never"],
                    help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
     metrics = None
     if args.metrics and rank == 0:
-        metrics = open(args.metrics, "a" if args.resume else "w")  # noqa: SIM115
+        metrics = open(args.metrics, "a" if args.resume else "w")
     comm.Barrier()
     if tracer is not None:
         tracer.reset_clock()
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
             checkpoint.save(args.checkpoint, model, opt, {**run_state, "epoch": epoch,
                                                           "step": step})
 
-    A = args.accum_steps
+    A, stop = args.accum_steps, False
     for epoch in range(start_epoch, args.epochs):
         batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
         first = start_step if epoch == start_epoch else 0
@@ -164,10 +166,15 @@ def main(argv=None) -> int:
             stats[6] += 1
             if args.debug:
                 ddp.check_replicas()
-            if args.checkpoint_every and opt.steps % args.checkpoint_every == 0:
+            stop = args.max_steps and opt.steps >= args.max_steps
+            if stop or (args.checkpoint_every and opt.steps % args.checkpoint_every == 0):
                 save(epoch, step + 1)
             bar.update(step + 1)
+            if stop:
+                break
         bar.close()
+        if stop:
+            break
         elapsed = time.perf_counter() - t_epoch
         correct = xp.asarray(0)
         if len(y_test):
