@@ -20,7 +20,7 @@ PIP_MPI :=
 endif
 STAMP := $(VENV)/.installed-$(MPI)
 
-.PHONY: setup test demo lint bench dropin gpu-check clean
+.PHONY: setup test demo walkthrough lint bench dropin gpu-check clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	mpiexec -n $(NP) $(PY) examples/train_mlp.py
+
+walkthrough: $(STAMP)
+	mpiexec -n $(NP) $(PY) examples/ring_walkthrough.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples
