@@ -1,13 +1,30 @@
-"""Buffers: NumPy/CuPy dispatch, what is handed to MPI, and the scratch pool.
+"""Buffers: NumPy/CuPy dispatch, what is handed to MPI, host staging, the scratch pool.
 
 MPI moves bytes; the reductions need typed arrays. Every message is therefore
 sent as ``[array, MPI.BYTE]``: the dtype never has to be known to MPI (float16,
 bool and complex travel the same way) and a CUDA-aware MPI gets the device
 pointer of a CuPy array through ``__cuda_array_interface__``.
+
+GPU arrays and MPI:
+
+- Stream safety: a CuPy reduction is queued on the current stream and may not
+  have run when MPI reads the buffer, so the driver calls `sync` before it hands
+  a round's device buffers to MPI (mpi4py cannot do this for us).
+- CUDA-awareness is detected once per process (`cuda_aware`): the
+  ``MPIDP_CUDA_AWARE=0|1`` override, else ``MPIX_Query_cuda_support`` (Open MPI,
+  MPICH) or ``MPIX_GPU_query_support`` (MPICH) looked up with ctypes in the loaded
+  MPI library; mpi4py 4 wraps neither. The MPI wheels on PyPI are not CUDA-aware.
+- Where MPI is not CUDA-aware, device blocks are staged (`stage`): copied to a
+  pinned host buffer before sending, received into one and copied back after.
+  ``MPIDP_STAGING=1`` stages every buffer, NumPy ones too, so that this path runs
+  and is tested on machines without a GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import re
 import threading
 
 import numpy as np
@@ -30,12 +47,100 @@ def msg(arr):
     return [arr, MPI.BYTE]
 
 
+def is_device(arr) -> bool:
+    return type(arr) is not np.ndarray and hasattr(arr, "__cuda_array_interface__")
+
+
 def sync(arr) -> None:
     """Make pending GPU work on `arr` visible to MPI (mpi4py cannot do it for us)."""
-    if not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__"):
+    if is_device(arr):
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+
+
+# ---------------------------------------------------------------- CUDA-awareness
+
+_cuda_aware: bool | None = None
+
+
+def cuda_aware() -> bool:
+    """Can the MPI library take device pointers? Detected once per process."""
+    global _cuda_aware
+    if _cuda_aware is None:
+        _cuda_aware = _detect_cuda_aware(os.environ.get("MPIDP_CUDA_AWARE"), _mpi_library())
+    return _cuda_aware
+
+
+def _detect_cuda_aware(override: str | None, library: str | None) -> bool:
+    """The override if set ("0"/"1"), else ask the MPI library; False if it cannot say."""
+    if override not in (None, ""):
+        if override not in ("0", "1"):
+            raise ValueError(f"MPIDP_CUDA_AWARE must be 0 or 1, not {override!r}")
+        return override == "1"
+    if library is None:
+        return False
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError:
+        return False
+    if hasattr(lib, "MPIX_Query_cuda_support"):  # Open MPI, MPICH >= 4
+        lib.MPIX_Query_cuda_support.restype = ctypes.c_int
+        return bool(lib.MPIX_Query_cuda_support())
+    if hasattr(lib, "MPIX_GPU_query_support"):  # MPICH: (MPIX_GPU_SUPPORT_CUDA=0, &flag)
+        flag = ctypes.c_int(0)
+        ok = lib.MPIX_GPU_query_support(0, ctypes.byref(flag)) == 0
+        return ok and bool(flag.value)
+    return False
+
+
+def _mpi_library() -> str | None:
+    """Path of the MPI library this process loaded (through mpi4py)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = re.findall(r"(/\S*lib(?:mpi|msmpi)[^/\s]*\.so[.\d]*)", maps.read())
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
+# ---------------------------------------------------------------- host staging
+
+def staging_mode() -> str:
+    """'all' (MPIDP_STAGING=1), 'off' (MPIDP_STAGING=0) or 'auto' (device arrays,
+    where MPI is not CUDA-aware). Read at each plan, so tests can switch it."""
+    value = os.environ.get("MPIDP_STAGING", "")
+    return {"1": "all", "0": "off", "": "auto"}[value]
+
+
+def needs_staging(arr, mode: str) -> bool:
+    if mode == "all":
+        return True
+    return mode == "auto" and is_device(arr) and not cuda_aware()
+
+
+def host_buffer(like):
+    """A host array for staging `like`: pinned memory for a device array."""
+    if is_device(like):
+        import cupy
+
+        mem = cupy.cuda.alloc_pinned_memory(like.nbytes)
+        return np.frombuffer(mem, dtype=like.dtype, count=like.size)
+    return np.empty(like.size, dtype=like.dtype)
+
+
+def to_host(src, host) -> None:
+    if is_device(src):
+        src.get(out=host)
+    else:
+        np.copyto(host, src)
+
+
+def from_host(host, dst) -> None:
+    if is_device(dst):
+        dst.set(host)
+    else:
+        np.copyto(dst, host)
 
 
 def check_buffer(arr, what: str, writable: bool = False) -> None:
@@ -59,6 +164,7 @@ class ScratchPool:
     def __init__(self, keep: int = 4):
         self.keep = keep  # free buffers kept per key
         self._free: dict[tuple, list] = {}
+        self._host_keys: dict[int, tuple] = {}  # staging buffers, by id
         self._lock = threading.Lock()  # a progress thread may complete collectives
 
     def take(self, like, count: int):
@@ -71,9 +177,23 @@ class ScratchPool:
                 return free.pop()
         return xp.empty(count, dtype=like.dtype)
 
+    def take_host(self, like):
+        """A host array to stage `like` through (pinned memory if `like` is on a GPU)."""
+        key = ("host", is_device(like), like.dtype.str, like.size)
+        with self._lock:
+            free = self._free.get(key)
+            host = free.pop() if free else None
+        if host is None:
+            host = host_buffer(like)
+        with self._lock:
+            self._host_keys[id(host)] = key  # how `give` files it back
+        return host
+
     def give(self, arr) -> None:
         xp = array_module(arr)
-        key = (xp.__name__, _device(arr), arr.dtype.str, arr.size)
+        with self._lock:
+            key = self._host_keys.pop(id(arr), None)
+        key = key or (xp.__name__, _device(arr), arr.dtype.str, arr.size)
         with self._lock:
             free = self._free.setdefault(key, [])
             if len(free) < self.keep:

@@ -29,9 +29,11 @@ import threading
 from collections.abc import Callable, Generator, Iterable
 from typing import NamedTuple
 
+import numpy as np
 from mpi4py import MPI
 
-from .buffers import msg
+from .buffers import ScratchPool, is_device, msg, needs_staging, staging_mode, sync, to_host
+from .buffers import from_host as _from_host
 
 
 class Send(NamedTuple):
@@ -52,6 +54,46 @@ Round = list  # of Send and Recv
 Rounds = Generator[Round, None, None]
 
 
+STAGING_POOL = ScratchPool()  # host buffers for staged device blocks, reused
+
+
+def stage(round_: Round, mode: str) -> tuple[Round, Callable[[], None] | None]:
+    """Prepare a round's buffers for MPI; return the round to post and its finisher.
+
+    Device buffers: wait for the current CUDA stream first (MPI must not read a
+    block that a queued reduction is still writing). Where MPI cannot take device
+    pointers (or MPIDP_STAGING=1), swap each buffer for a host copy: sends are
+    copied out now, receives copied back by the finisher once the round is done.
+    """
+    if all(type(m.buf) is np.ndarray for m in round_) and mode != "all":
+        return round_, None  # the common case: host arrays, nothing to do
+    if any(is_device(m.buf) for m in round_):
+        sync(next(m.buf for m in round_ if is_device(m.buf)))
+    if not any(needs_staging(m.buf, mode) for m in round_):
+        return round_, None
+    wire, back, held = [], [], []
+    for m in round_:
+        if not needs_staging(m.buf, mode):
+            wire.append(m)
+            continue
+        host = STAGING_POOL.take_host(m.buf)
+        held.append(host)
+        if type(m) is Send:
+            to_host(m.buf, host)
+            wire.append(Send(host, m.peer))
+        else:
+            wire.append(Recv(host, m.peer))
+            back.append((host, m.buf))
+
+    def finish() -> None:
+        for host, dst in back:
+            _from_host(host, dst)
+        for host in held:
+            STAGING_POOL.give(host)
+
+    return wire, finish
+
+
 def post(comm, round_: Round, tag: int) -> list:
     """Post every message of a round, receives first; return the requests."""
     reqs = [comm.Irecv(msg(m.buf), m.peer, tag) for m in round_ if type(m) is Recv]
@@ -59,20 +101,24 @@ def post(comm, round_: Round, tag: int) -> list:
     return reqs
 
 
-def exchange(comm, round_: Round, tag: int) -> None:
+def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
     """Complete one round, blocking, with the fewest MPI calls."""
+    round_, finish = stage(round_, mode)
     if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
         send, recv = round_ if type(round_[0]) is Send else round_[::-1]
         comm.Sendrecv(msg(send.buf), send.peer, tag, msg(recv.buf), recv.peer, tag)
     elif round_:
         MPI.Request.Waitall(post(comm, round_, tag))
+    if finish is not None:
+        finish()
 
 
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None) -> int:
     """Run a schedule to completion (the blocking collective); return its round count."""
+    mode = staging_mode()
     count = 0
     for round_ in rounds:
-        exchange(comm, round_, tag)
+        exchange(comm, round_, tag, mode)
         count += 1
     if on_done is not None:
         on_done()
@@ -89,12 +135,15 @@ class Handle:
             copies the result out).
     """
 
-    __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_on_done", "_lock", "done", "rounds")
+    __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_mode", "_on_done", "_lock",
+                 "done", "rounds")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
                  on_done: Callable[[], None] | None = None):
         self._comm, self._tag, self._rounds, self._on_done = comm, tag, rounds, on_done
         self._reqs: list = []
+        self._finish = None  # copies staged receives back once the round is done
+        self._mode = staging_mode()
         self._lock = threading.Lock()  # test() may race with a progress thread
         self.done = False
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
@@ -103,6 +152,9 @@ class Handle:
 
     def _advance(self) -> None:
         """Resume the generator: finish the last round's local work, post the next round."""
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
         try:
             round_ = next(self._rounds)
         except StopIteration:
@@ -112,6 +164,7 @@ class Handle:
                 self._on_done()
             return
         self.rounds += 1
+        round_, self._finish = stage(round_, self._mode)
         self._reqs = post(self._comm, round_, self._tag)
 
     def test(self) -> bool:

@@ -1,0 +1,141 @@
+"""The GPU path, tested without a GPU: staging, stream sync, CUDA-awareness detection.
+
+Real CuPy runs are in `make gpu-check` (examples/gpu_check.py) on a machine with
+a GPU; here a stand-in device array and a stand-in `cupy` module record what the
+engine does with device buffers, and MPIDP_STAGING=1 runs the staging code with
+NumPy buffers across ranks against MPI's own results.
+"""
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.collectives import buffers, schedule
+from mpidp.collectives.schedule import Recv, Send
+
+try:
+    import cupy  # noqa: F401
+
+    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:  # no CuPy, or CuPy without a device/driver
+    HAVE_GPU = False
+
+
+class FakeDeviceArray(np.ndarray):
+    """A host array that claims to live on a GPU (has __cuda_array_interface__)."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.__array_interface__["data"][0], False)}
+
+    def get(self, out):
+        np.copyto(out, np.asarray(self))
+
+    def set(self, host):
+        np.copyto(np.asarray(self), host)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in `cupy` module that counts stream synchronizations."""
+    calls = {"sync": 0}
+    stream = types.SimpleNamespace(synchronize=lambda: calls.__setitem__("sync",
+                                                                         calls["sync"] + 1))
+    cuda = types.SimpleNamespace(get_current_stream=lambda: stream,
+                                 alloc_pinned_memory=lambda nbytes: bytearray(nbytes))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    return calls
+
+
+def test_cuda_awareness_detection():
+    lib = buffers._mpi_library()
+    assert lib is not None and "libmpi" in lib, "mpi4py's MPI library should be found"
+    assert buffers._detect_cuda_aware("1", None) is True
+    assert buffers._detect_cuda_aware("0", lib) is False
+    with pytest.raises(ValueError, match="MPIDP_CUDA_AWARE"):
+        buffers._detect_cuda_aware("yes", lib)
+    # the mpich wheel answers through MPIX_Query_cuda_support: not CUDA-aware
+    assert buffers._detect_cuda_aware(None, lib) is False
+    # a library without the query functions, or none at all: assume not aware
+    assert buffers._detect_cuda_aware(None, "libc.so.6") is False
+    assert buffers._detect_cuda_aware(None, None) is False
+    assert buffers._detect_cuda_aware(None, "/nonexistent/libmpi.so") is False
+
+
+def test_device_round_is_synced_and_staged(fake_cupy, monkeypatch):
+    monkeypatch.setattr(buffers, "_cuda_aware", False)
+    send = np.arange(4.0).view(FakeDeviceArray)
+    recv = np.zeros(4).view(FakeDeviceArray)
+    wire, finish = schedule.stage([Send(send, 1), Recv(recv, 1)], "auto")
+    assert fake_cupy["sync"] == 1, "the stream must be synchronized before MPI reads"
+    assert all(type(m.buf) is np.ndarray for m in wire), "MPI must get host copies"
+    assert np.array_equal(wire[0].buf, send)  # the send was copied out
+    wire[1].buf[...] = 7.0  # what MPI would receive
+    finish()
+    assert np.array_equal(np.asarray(recv), [7.0] * 4)  # copied back to the device
+
+
+def test_cuda_aware_mpi_gets_device_buffers_after_a_sync(fake_cupy, monkeypatch):
+    monkeypatch.setattr(buffers, "_cuda_aware", True)
+    dev = np.ones(3).view(FakeDeviceArray)
+    round_ = [Send(dev, 0)]
+    wire, finish = schedule.stage(round_, "auto")
+    assert wire is round_ and finish is None
+    assert fake_cupy["sync"] == 1
+
+
+def test_host_rounds_take_the_fast_path():
+    round_ = [Send(np.ones(2), 0), Recv(np.ones(2), 0)]
+    assert schedule.stage(round_, "auto") == (round_, None)
+    wire, finish = schedule.stage(round_, "all")  # MPIDP_STAGING=1
+    assert wire is not round_ and finish is not None
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=90)
+def test_staged_collectives_match_mpi(mpi_ranks):
+    """MPIDP_STAGING=1: every message goes through host staging buffers."""
+    os.environ["MPIDP_STAGING"] = "1"
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    schedule.STAGING_POOL.clear()
+    for count in (0, 1, n + 1, 1000):
+        x = np.arange(count, dtype=np.float64) * (rank + 1)
+        want = np.empty_like(x)
+        comm.Allreduce(x, want)
+        for algorithm in mpidp.ALGORITHMS["allreduce"]:
+            y = np.empty_like(x)
+            mpidp.allreduce(comm, x, y, algorithm=algorithm)
+            assert np.array_equal(y, want), (algorithm, count)
+            z = x.copy()
+            mpidp.iallreduce(comm, mpidp.IN_PLACE, z, algorithm=algorithm).wait()
+            assert np.array_equal(z, want), (algorithm, count)
+        b = np.arange(count, dtype=np.int32) if rank == 0 else np.zeros(count, np.int32)
+        mpidp.bcast(comm, b, root=0)
+        assert np.array_equal(b, np.arange(count, dtype=np.int32))
+    if n > 1:
+        assert schedule.STAGING_POOL.nbytes() > 0, "the staging path was not taken"
+    del os.environ["MPIDP_STAGING"]
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device (none on this "
+                    "machine); `make gpu-check` runs the CuPy paths on a GPU machine")
+@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+def test_cupy_collectives_match_mpi(mpi_ranks):
+    import cupy as cp
+
+    comm = MPI.COMM_WORLD
+    cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
+    for count in (0, 1, 7, 100_003):
+        x = cp.arange(count, dtype=cp.float64) * (comm.rank + 1)
+        want = np.empty(count)
+        comm.Allreduce(cp.asnumpy(x), want)
+        for algorithm in mpidp.ALGORITHMS["allreduce"]:
+            y = cp.empty_like(x)
+            mpidp.allreduce(comm, x, y, algorithm=algorithm)
+            assert np.array_equal(cp.asnumpy(y), want), (algorithm, count)
