@@ -58,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--progress", default="auto", choices=["auto", "always", "never"],
                    help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
     p.add_argument("--debug", action="store_true", help="check replicas are identical")
+    p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per rank")
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint FILE")
@@ -89,8 +90,22 @@ class Progress:
             sys.stderr.flush()
 
 
+def blas_threads(n: int):
+    """One BLAS thread per rank: the ranks of a node share its cores (threadpoolctl is optional)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=n, user_api="blas")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with blas_threads(args.blas_threads):
+        return train(args)
+
+
+def train(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     xp = array_module(args.device)

@@ -1,0 +1,158 @@
+"""``python -m mpidp.bench overlap``: how much of the gradient all-reduce backward hides.
+
+    mpiexec -n 4 python -m mpidp.bench overlap [--hidden 512,512,512] [--batch 64]
+
+One run times the same training step (same model, same local batch) four ways:
+
+    compute         forward + backward + SGD, no communication at all       (a)
+    serial          backward, then one all-reduce per bucket (overlap=False) (b)
+    overlap         each bucket launched as backward writes it, polled
+                    between layers                                           (c)
+    overlap+thread  the same, also polled by a background progress thread
+
+and prints the median step time (the slowest rank's, each step starting at a
+barrier), the hidden fraction ((b) - (c)) / ((b) - (a)), and, for the overlapped
+modes, each bucket's launch and completion time relative to the start of backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from contextlib import nullcontext
+
+import numpy as np
+from mpi4py import MPI
+
+from ..collectives import api
+from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
+
+MODES = ("compute", "serial", "overlap", "overlap+thread")
+
+
+def blas_threads(n: int):
+    """Limit the BLAS thread pool (threadpoolctl comes with scikit-learn; optional)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench overlap", description=__doc__)
+    p.add_argument("--hidden", default="512,512,512")
+    p.add_argument("--features", type=int, default=256)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--batch", type=int, default=64, help="local batch per rank")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--bucket-mb", type=float, default=0.0, help="0: one bucket per layer")
+    p.add_argument("--first-bucket-mb", type=float, default=1.0)
+    p.add_argument("--algorithm", default="auto", choices=api.ALGORITHMS["allreduce"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--json", metavar="FILE", help="also write the figures here (rank 0)")
+    p.add_argument("--blas-threads", type=int, default=1,
+                   help="BLAS threads per rank (1: ranks share the node's cores fairly)")
+    return p.parse_args(argv)
+
+
+def run_mode(mode: str, comm, args, sizes, x, y) -> dict:
+    """Time `args.steps` steps in one mode; per-step times of this rank."""
+    model = MLP(sizes, dtype=args.dtype, seed=0)
+    opt = SGD(model.params, model.grads, lr=1e-3, momentum=0.9)
+    ddp = None
+    if mode != "compute":
+        ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb,
+                           overlap=mode != "serial", algorithm=args.algorithm,
+                           progress_thread=mode == "overlap+thread")
+    out = {"step": [], "backward": [], "exposed": [], "buckets": []}
+    for i in range(args.warmup + args.steps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        logits = model.forward(x) if ddp is None else ddp.forward(x)  # (b, C)
+        _, dlogits = softmax_cross_entropy(logits, y)
+        if ddp is None:
+            model.backward(dlogits)
+            backward, exposed = time.perf_counter() - t0, 0.0
+        else:
+            ddp.backward(dlogits)
+            backward, exposed = ddp.timings["backward"], ddp.timings["exposed_comm"]
+        opt.step()
+        if i >= args.warmup:
+            out["step"].append(time.perf_counter() - t0)
+            out["backward"].append(backward)
+            out["exposed"].append(exposed)
+            if ddp is not None:
+                out["buckets"].append(ddp.bucket_times())
+    if ddp is not None:
+        out["layout"] = [(b.layers, int(b.flat.nbytes)) for b in ddp.buckets]
+        ddp.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv or [])
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    sizes = [args.features, *[int(h) for h in args.hidden.split(",") if h], args.classes]
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((args.batch, args.features)).astype(args.dtype)  # (b, D)
+    y = rng.integers(0, args.classes, args.batch)  # (b,)
+    modes = args.modes.split(",")
+    with blas_threads(args.blas_threads):
+        results = {mode: run_mode(mode, comm, args, sizes, x, y) for mode in modes}
+    summary = {"ranks": size, "sizes": sizes, "batch": args.batch, "dtype": args.dtype,
+               "bucket_mb": args.bucket_mb, "algorithm": args.algorithm, "modes": {}}
+    for mode, r in results.items():
+        slowest = np.array(r["step"])
+        api.allreduce(comm, api.IN_PLACE, slowest, op="max")  # a step lasts as its slowest rank
+        entry = {"step_ms": 1e3 * float(np.median(slowest)),
+                 "backward_ms": 1e3 * float(np.median(r["backward"])),
+                 "exposed_comm_ms": 1e3 * float(np.median(r["exposed"]))}
+        if r["buckets"]:
+            entry["buckets"] = [
+                {"bucket": k, "layers": layers, "mb": nbytes / 2**20,
+                 "launch_ms": 1e3 * float(np.median([s[k]["launch"] for s in r["buckets"]])),
+                 "complete_ms": 1e3 * float(np.median([s[k]["complete"] for s in r["buckets"]]))}
+                for k, (layers, nbytes) in enumerate(r["layout"])]
+        summary["modes"][mode] = entry
+    m = summary["modes"]
+    if {"compute", "serial"} <= m.keys():
+        comm_cost = m["serial"]["step_ms"] - m["compute"]["step_ms"]
+        for mode in ("overlap", "overlap+thread"):
+            if mode in m:
+                m[mode]["hidden_fraction"] = ((m["serial"]["step_ms"] - m[mode]["step_ms"])
+                                              / comm_cost if comm_cost > 0 else float("nan"))
+    if rank == 0:
+        report(summary)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=1)
+    return 0
+
+
+def report(s: dict) -> None:
+    grads_mb = sum(s["modes"][m]["buckets"][k]["mb"] for m in s["modes"] if "buckets" in
+                   s["modes"][m] for k in range(len(s["modes"][m]["buckets"]))) / max(
+        1, sum("buckets" in v for v in s["modes"].values()))
+    print(f"mpidp overlap benchmark: {s['ranks']} ranks, MLP {s['sizes']} ({s['dtype']}, "
+          f"{grads_mb:.2f} MiB of gradients), local batch {s['batch']}, "
+          f"bucket_mb {s['bucket_mb']}, algorithm {s['algorithm']}")
+    print(f"{'mode':16s} {'step ms':>9s} {'backward ms':>12s} {'exposed comm ms':>16s} "
+          f"{'hidden':>7s}")
+    for mode, e in s["modes"].items():
+        hidden = f"{e['hidden_fraction']:7.2f}" if "hidden_fraction" in e else f"{'':7s}"
+        print(f"{mode:16s} {e['step_ms']:9.2f} {e['backward_ms']:12.2f} "
+              f"{e['exposed_comm_ms']:16.2f} {hidden}")
+    for mode, e in s["modes"].items():
+        if "buckets" not in e or mode == "serial":
+            continue
+        print(f"{mode}: buckets on rank 0, ms after backward starts "
+              f"(backward lasts {e['backward_ms']:.2f} ms)")
+        for b in e["buckets"]:
+            print(f"  bucket {b['bucket']} layers {','.join(map(str, b['layers'])):8s} "
+                  f"{b['mb']:7.2f} MiB  launch {b['launch_ms']:8.2f}  complete "
+                  f"{b['complete_ms']:8.2f}")
