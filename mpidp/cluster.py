@@ -138,11 +138,10 @@ def cleanup(prefix: str = PREFIX) -> list[str]:
         raise ValueError(f"refusing to clean up with prefix {prefix!r}")
     ns, links = names(prefix)
     for name in ns:  # a process keeps a namespace alive after `ip netns del`
-        pids = _sh("ip", "netns", "pids", name, check=False).stdout.split()
-        for pid in pids:
+        for pid in _live_pids(name):
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
     for link in links:  # deleting one end of a veth deletes the other
         _sh("ip", "link", "del", link, check=False)
@@ -188,6 +187,7 @@ class Cluster:
         self._lock = None
         self.is_up = False
         self.stragglers: list[str] = []
+        self.timed_out = False
 
     # ------------------------------------------------------------ build / tear down
 
@@ -323,11 +323,13 @@ class Cluster:
             capture: bool = False, **kw) -> subprocess.CompletedProcess:
         """Run `argv` as `np_` ranks across the hosts; kill the whole job after `timeout` s.
 
-        A job cut short by the timeout returns code 124 (as `timeout(1)` does).
+        A job cut short by the timeout returns code 124 (as `timeout(1)` does) and
+        sets ``self.timed_out``.
         Processes still alive in the hosts after mpiexec has returned (a proxy or
         rank cut off from it) are killed and listed in ``self.stragglers``.
         """
         cmd = self.mpiexec_argv(np_, argv, **kw)
+        self.timed_out = False
         out = subprocess.PIPE if capture else None
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, text=True, start_new_session=True)
         try:
@@ -336,7 +338,7 @@ class Cluster:
         except subprocess.TimeoutExpired:
             self._stop(proc)
             stdout, stderr = proc.communicate()
-            code = 124
+            code, self.timed_out = 124, True
         except BaseException:  # Ctrl-C: stop the job, then let the caller tear down
             self._stop(proc)
             raise
@@ -360,15 +362,34 @@ class Cluster:
     def _kill_stragglers(self) -> None:
         """Proxies and ranks cut off from mpiexec (a host whose link is down) outlive it."""
         self.stragglers = []
+        for _ in range(30):  # give processes that are exiting a moment
+            if not any(_live_pids(ns) for ns in self.namespaces):
+                return
+            time.sleep(0.1)
         for ns in self.namespaces:
-            for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+            for pid in _live_pids(ns):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                     self.stragglers.append(f"{ns}: {pid} {cmdline.strip()}")
-                except (OSError, ValueError):
+                except OSError:
                     pass
+
+
+def _live_pids(ns: str) -> list[int]:
+    """Processes in namespace `ns`, less zombies (dead already; an init that does not
+    reap them, as in some containers, leaves them listed)."""
+    pids = []
+    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in "ZX":
+            pids.append(int(pid))
+    return pids
 
 
 def _default_mpiexec() -> str:
@@ -442,7 +463,7 @@ def main(args: list[str] | None = None) -> int:
         with cluster:
             result = cluster.run(a.np or a.hosts * (a.ppn or 1), argv, ppn=a.ppn,
                                  nolocal=a.nolocal, timeout=a.timeout)
-        if result.returncode == 124:
+        if cluster.timed_out:
             print(f"mpidp.cluster: job killed after {a.timeout} s", file=sys.stderr)
         return result.returncode
     except ClusterError as e:
