@@ -40,6 +40,11 @@ demo: $(STAMP)
 walkthrough: $(STAMP)
 	mpiexec -n $(NP) $(PY) examples/ring_walkthrough.py
 
+# On a machine with an NVIDIA GPU: installs CuPy, then checks the CuPy paths on 1-4 ranks.
+gpu-check: $(STAMP)
+	$(PY) -m pip install --quiet "cupy-cuda12x"
+	for n in 1 2 3 4; do timeout 150 mpiexec -n $$n $(PY) examples/gpu_check.py || exit 1; done
+
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples
 
