@@ -10,3 +10,8 @@ from .collectives import __all__ as _collectives_all
 
 __version__ = "0.1.0"
 __all__ = [*_collectives_all]
+
+# The trainer (training imports collectives, never the reverse).
+from .training import MLP, SGD, DataParallel, softmax_cross_entropy  # noqa: E402
+
+__all__ += ["DataParallel", "MLP", "SGD", "softmax_cross_entropy"]
