@@ -24,12 +24,21 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from . import cost
 from .blocks import Blocks
 from .buffers import ScratchPool, array_module, check_buffer, sync
+from .halving import (
+    halving_scratch,
+    rabenseifner_allreduce,
+    rabenseifner_scratch,
+    recursive_doubling_allgather,
+    recursive_doubling_allreduce,
+    recursive_halving_reduce_scatter,
+)
 from .ops import Op, resolve_op
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Handle, run
-from .tree import binomial_bcast
+from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
 TAG_BASE = 0x4D50  # 19792; tags TAG_BASE .. TAG_BASE + TAG_SPAN - 1 are mpidp's
@@ -38,11 +47,22 @@ DEFAULT_TAG = TAG_BASE
 
 POOL = ScratchPool()  # scratch shared by calls that pass no pool of their own
 
-# name -> (generator, scratch items needed for a vector of `blocks`)
-ALLREDUCE = {"ring": (ring_allreduce, lambda blocks: blocks.max)}
-REDUCE_SCATTER = {"ring": (ring_reduce_scatter, lambda blocks: blocks.max)}
-ALLGATHER = {"ring": ring_allgather}
-BCAST = {"binomial": binomial_bcast}
+CALIBRATION_TAG = TAG_BASE + TAG_SPAN  # cost.calibrate's messages, apart from any collective's
+
+# name -> (generator, scratch items needed for a vector of `blocks`, one block per rank)
+ALLREDUCE = {
+    "ring": (ring_allreduce, lambda blocks: blocks.max),
+    "rabenseifner": (rabenseifner_allreduce, rabenseifner_scratch),
+    "recursive_doubling": (recursive_doubling_allreduce, lambda blocks: blocks.total),
+    "naive": (naive_allreduce, lambda blocks: blocks.total),
+}
+REDUCE_SCATTER = {
+    "ring": (ring_reduce_scatter, lambda blocks: blocks.max),
+    "recursive_halving": (recursive_halving_reduce_scatter,
+                          lambda blocks: halving_scratch(blocks, len(blocks))),
+}
+ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
+BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -53,13 +73,22 @@ ALGORITHMS = {
 
 
 def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
-    """Resolve ``"auto"`` to an algorithm name; check a given name."""
+    """Resolve ``"auto"`` to an algorithm name; check a given name.
+
+    ``"auto"`` takes the algorithm with the least predicted time (`cost.predict`).
+    The choice depends only on (nbytes, N) and the comm's model, which every rank
+    holds alike, so every rank makes it alike; the first ``"auto"`` on a comm
+    calibrates the model, collectively (see `cost.model`).
+    """
     names = ALGORITHMS[collective]
     if algorithm not in names:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
     if algorithm != "auto":
         return algorithm
-    return names[0]
+    n = comm.Get_size()
+    if n == 1:
+        return names[0]
+    return cost.best(cost.model(comm, CALIBRATION_TAG), collective, names[:-1], nbytes, n)
 
 
 class Plan(NamedTuple):

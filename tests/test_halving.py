@@ -1,0 +1,284 @@
+"""Recursive halving / doubling, Rabenseifner, the fold, the trees: checked against MPI itself.
+
+Every multi-rank test runs for N = 1..8 (powers of two and not) and loops over
+ops × dtypes × counts inside one launch. Inputs are small integers, stored in
+whatever dtype is tested, so sums, products and averages are exact in every
+summation order and results must equal MPI's bit for bit; one random-float
+case checks the tolerance that summation order allows.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpidp.collectives import CountingComm, api, waitall
+from mpidp.collectives.halving import fold
+
+RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
+ALLREDUCE_ALGOS = ("rabenseifner", "recursive_doubling", "naive")
+OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": None}
+DTYPES = (np.int32, np.int64, np.uint8, np.float32, np.float64, np.complex128)
+
+
+def counts_for(n: int) -> list[int]:
+    return sorted({0, 1, max(n - 1, 0), n, n + 1, 13, 101})
+
+
+def inputs(rng, dtype, count: int, op: str):
+    """Small integer-valued data: exact in any order; products stay in range."""
+    if op == "prod":
+        x = rng.choice([1, 1, 1, 2, 3] if np.dtype(dtype).kind == "u" else [1, -1, 1, 2], count)
+    else:
+        x = rng.integers(0 if np.dtype(dtype).kind == "u" else -20, 20, count)
+    x = x.astype(dtype)
+    if np.dtype(dtype).kind == "c" and op != "prod":
+        x = x + 1j * rng.integers(-20, 20, count)
+    return x
+
+
+def native_allreduce(comm, x, op: str):
+    ref = np.empty_like(x)
+    comm.Allreduce(x, ref, OPS[op] or MPI.SUM)
+    if op == "avg":
+        ref /= comm.Get_size()
+    return ref
+
+
+def combos(n):
+    for dtype in DTYPES:
+        for op in OPS:
+            kind = np.dtype(dtype).kind
+            if (op in ("max", "min") and kind == "c") or (op == "avg" and kind in "iu"):
+                continue  # not defined: complex has no order, integer averages would truncate
+            for count in counts_for(n):
+                yield dtype, op, count
+
+
+def same_on_every_rank(comm, y) -> bool:
+    rows = np.empty((comm.Get_size(), y.nbytes), np.uint8)
+    comm.Allgather(y.view(np.uint8), rows)
+    return bool((rows == rows[0]).all())
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_allreduce_matches_mpi_bit_for_bit(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(100 + comm.Get_rank())
+    for dtype, op, count in combos(mpi_ranks):
+        x = inputs(rng, dtype, count, op)
+        ref = native_allreduce(comm, x, op)
+        for algo in ALLREDUCE_ALGOS:
+            y = np.full_like(x, 7)
+            api.allreduce(comm, x, y, op, algorithm=algo)
+            assert np.array_equal(y, ref), (algo, dtype, op, count)
+            inplace = x.copy()
+            api.allreduce(comm, api.IN_PLACE, inplace, op, algorithm=algo)
+            assert np.array_equal(inplace, ref), (algo, dtype, op, count, "in place")
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_allreduce_random_floats_agree_across_ranks(mpi_ranks):
+    """Rounding differs from MPI's by summation order only, and every rank gets the same bits."""
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    rng = np.random.default_rng(7 + comm.Get_rank())
+    for count in (n + 1, 1000, 1 << 20):  # the last one: 1 Mi items, 8 MiB
+        x = rng.standard_normal(count)
+        ref = native_allreduce(comm, x, "sum")
+        bound = np.empty_like(x)
+        comm.Allreduce(np.abs(x), bound)
+        for algo in ALLREDUCE_ALGOS if count < 1 << 20 else ("rabenseifner",):
+            for op in ("sum", "avg"):
+                y = np.empty_like(x)
+                api.allreduce(comm, x, y, op, algorithm=algo)
+                # n terms summed in any order: error <= (n-1)·eps·sum|x|
+                scale = 1.0 / n if op == "avg" else 1.0
+                assert np.all(np.abs(y - ref * scale) <= n * 2.3e-16 * bound * scale), algo
+                assert same_on_every_rank(comm, y), (algo, op, count)
+    big = rng.integers(-3, 3, 1 << 20).astype(np.int32)  # large, exact: every algorithm
+    ref = native_allreduce(comm, big, "sum")
+    for algo in ALLREDUCE_ALGOS:
+        y = np.empty_like(big)
+        api.allreduce(comm, big, y, algorithm=algo)
+        assert np.array_equal(y, ref), algo
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_reduce_scatter_matches_mpi(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    rng = np.random.default_rng(200 + rank)
+    layouts = [[c] * n for c in (0, 1, 3)]  # Reduce_scatter_block
+    layouts += [[i % 3 for i in range(n)], [(13 + i) // n for i in range(n)],  # recvcounts
+                [0] * (n - 1) + [10], [10] + [0] * (n - 1), [2 * i + 1 for i in range(n)]]
+    for dtype, op, _ in combos(1):  # counts come from the layouts
+        for counts in layouts:
+            x = inputs(rng, dtype, sum(counts), op)
+            ref = np.empty(counts[rank], dtype)
+            comm.Reduce_scatter(x, ref, counts, OPS[op] or MPI.SUM)
+            if op == "avg":
+                ref /= n
+            out = np.full(counts[rank], 9, dtype)
+            api.reduce_scatter(comm, x, out, counts, op, algorithm="recursive_halving")
+            assert np.array_equal(out, ref), (dtype, op, counts)
+            inplace = x.copy()
+            api.reduce_scatter(comm, api.IN_PLACE, inplace, counts, op,
+                               algorithm="recursive_halving")
+            assert np.array_equal(inplace[: counts[rank]], ref), (dtype, op, counts, "in place")
+    x = rng.integers(-9, 9, n * (1 << 18)).astype(np.int32)  # 1 Mi items per rank at N = 4
+    ref = np.empty(1 << 18, np.int32)
+    comm.Reduce_scatter_block(x, ref)
+    out = np.empty_like(ref)
+    api.reduce_scatter(comm, x, out, algorithm="recursive_halving")
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_allgather_matches_mpi(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    for dtype in DTYPES:
+        for counts in ([0] * n, [1] * n, [5] * n, [i % 3 for i in range(n)],
+                       [(101 + i) // n for i in range(n)], [0] * (n - 1) + [7]):
+            mine = (np.arange(counts[rank]) + 100 * rank).astype(dtype)
+            # packed (Allgather / Allgatherv), then reversed blocks with gaps (Allgatherv)
+            reversed_gaps = [sum(counts[j] + 2 for j in range(i + 1, n)) + 1 for i in range(n)]
+            for displs in (None, reversed_gaps):
+                size = sum(counts) if displs is None else sum(counts) + 2 * n + 1
+                ref = np.full(size, 55, dtype)
+                comm.Allgatherv(mine, [ref, counts] if displs is None else [ref, (counts, displs)])
+                out = np.full(size, 55, dtype)  # gaps must keep their 55s
+                api.allgather(comm, mine, out, counts, displs, algorithm="recursive_doubling")
+                assert np.array_equal(out, ref), (dtype, counts, displs)
+    big = np.full(1 << 20, rank, np.int64)  # 1 Mi items per rank
+    ref = np.empty(n << 20, np.int64)
+    comm.Allgather(big, ref)
+    out = np.empty_like(ref)
+    api.allgather(comm, big, out, algorithm="recursive_doubling")
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_bcast_from_every_root(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    for algo in ("binomial", "scatter_allgather"):
+        for dtype in (np.uint8, np.float64, np.complex128):
+            for count in [*counts_for(n), 1 << 20] if dtype is np.float64 else counts_for(n):
+                for root in range(n) if count < 1 << 20 else (n - 1,):
+                    want = (np.arange(count) * (root + 1)).astype(dtype)
+                    buf = want.copy() if rank == root else np.zeros(count, dtype)
+                    api.bcast(comm, buf, root, algorithm=algo)
+                    assert np.array_equal(buf, want), (algo, dtype, count, root)
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_nonblocking_forms_run_concurrently(mpi_ranks):
+    """Every algorithm is a schedule, so I-forms come free; several can be in flight at once."""
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    xs = [np.arange(count, dtype=np.float64) + rank for count in (3, 100, 1000, 5000)]
+    handles, outs = [], []
+    for i, (algo, x) in enumerate(zip(("ring", *ALLREDUCE_ALGOS), xs, strict=True)):
+        outs.append(np.empty_like(x))
+        handles.append(api.iallreduce(comm, x, outs[-1], algorithm=algo, tag=api.TAG_BASE + i))
+    rs = np.arange(6 * n, dtype=np.int64)
+    rs_out = np.empty(6, np.int64)
+    handles.append(api.ireduce_scatter(comm, rs, rs_out, algorithm="recursive_halving",
+                                       tag=api.TAG_BASE + 10))
+    ag_out = np.empty(4 * n, np.int32)
+    handles.append(api.iallgather(comm, np.full(4, rank, np.int32), ag_out,
+                                  algorithm="recursive_doubling", tag=api.TAG_BASE + 11))
+    bc = np.arange(50.0) if rank == n - 1 else np.zeros(50)
+    handles.append(api.ibcast(comm, bc, n - 1, algorithm="scatter_allgather",
+                              tag=api.TAG_BASE + 12))
+    waitall(handles)
+    for x, y in zip(xs, outs, strict=True):
+        assert np.array_equal(y, n * (np.arange(x.size) + (n - 1) / 2))
+    assert np.array_equal(rs_out, n * rs[6 * rank : 6 * rank + 6])
+    assert np.array_equal(ag_out, np.repeat(np.arange(n), 4))
+    assert np.array_equal(bc, np.arange(50.0))
+
+
+# ------------------------------------------------------------- volume and rounds
+
+def traffic(comm, start):
+    """Run a nonblocking collective through a CountingComm: (bytes sent, rounds) of this rank."""
+    counter = CountingComm(comm)
+    handle = start(counter)
+    handle.wait()
+    return counter.bytes_sent, handle.rounds
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=240)
+def test_volume_and_rounds_match_the_docstrings(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    p, r = fold(n)
+    k = p.bit_length() - 1
+    folded, idle = rank < 2 * r, rank < 2 * r and rank % 2 == 0
+    items = 840 * 2  # divisible by 2, by every n <= 8 and every p
+    x = np.ones(items, np.float64)
+    G, half = x.nbytes, (items // 2) * 8
+
+    # Rabenseifner: 2·G·(p-1)/p in 2·log2 p rounds; the fold per the docstring
+    sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
+                                                          algorithm="rabenseifner"))
+    main = 2 * G * (p - 1) // p
+    if idle:
+        assert (sent, rounds) == (G, 3)
+    elif folded:
+        assert (sent, rounds) == (half + main + G, 2 * k + 3)
+    else:
+        assert (sent, rounds) == (main, 2 * k)
+
+    # recursive doubling: G·log2 p in log2 p rounds
+    sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
+                                                          algorithm="recursive_doubling"))
+    if idle:
+        assert (sent, rounds) == (G, 2)
+    elif folded:
+        assert (sent, rounds) == (G * k + G, k + 2)
+    else:
+        assert (sent, rounds) == (G * k, k)
+
+    # recursive halving reduce-scatter: G minus the (virtual) block kept
+    b = G // n
+    sent, rounds = traffic(comm, lambda c: api.ireduce_scatter(
+        c, x, np.empty(items // n), algorithm="recursive_halving"))
+    if idle:
+        assert (sent, rounds) == (G, 3)
+    elif folded:
+        assert (sent, rounds) == (half + (G - 2 * b) + b, k + 3)
+    else:
+        assert (sent, rounds) == (G - b, k)
+
+    # recursive doubling all-gather: per rank G·(p-1)/p for p = n; fold per the docstring
+    sent, rounds = traffic(comm, lambda c: api.iallgather(
+        c, np.ones(items // n), np.empty(items), algorithm="recursive_doubling"))
+    total = np.zeros(1, np.int64)
+    comm.Allreduce(np.array([sent], np.int64), total)
+    if r == 0:
+        assert (sent, rounds) == (G * (p - 1) // p, k)
+    assert int(total[0]) == r * b + (p - 1) * G + r * G
+    assert rounds == (2 if idle else k + 2 if folded else k)
+
+    # naive: a leaf sends G once in the reduce; rank 0 sends G to each of its L children
+    L = (n - 1).bit_length()
+    sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
+                                                          algorithm="naive"))
+    if rank == 0:
+        assert sent == L * G
+
+    # scatter + all-gather broadcast: the root sends G·(n-1)/n in the scatter, + a block
+    sent, rounds = traffic(comm, lambda c: api.ibcast(c, x.copy(), 0,
+                                                      algorithm="scatter_allgather"))
+    if rank == 0 and n > 1:
+        assert sent == G * (n - 1) // n + (n - 1) * b
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_unknown_algorithm_is_refused(mpi_ranks):
+    x = np.ones(4)
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):
+        api.allreduce(MPI.COMM_WORLD, x, np.empty_like(x), algorithm="butterfly")
