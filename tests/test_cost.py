@@ -1,0 +1,116 @@
+"""The α-β-γ model: its formulas, its calibration, and the "auto" choice it drives."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpidp.collectives import ALGORITHMS, CountingComm, api, cost
+from mpidp.collectives.cost import DEFAULT, Model, best, predict
+
+ROUNDS, BYTES, REDUCED = Model(1.0, 0.0, 0.0), Model(0.0, 1.0, 0.0), Model(0.0, 0.0, 1.0)
+
+
+def names(collective):
+    return ALGORITHMS[collective][:-1]  # without "auto"
+
+
+def test_rounds_bytes_and_reductions_follow_the_cost_table():
+    G = 1 << 20
+    for p in (2, 4, 8):
+        k = p.bit_length() - 1
+        assert predict(ROUNDS, "allreduce", "ring", G, p) == 2 * (p - 1)
+        assert predict(ROUNDS, "allreduce", "rabenseifner", G, p) == 2 * k
+        assert predict(ROUNDS, "allreduce", "recursive_doubling", G, p) == k
+        assert predict(BYTES, "allreduce", "ring", G, p) == 2 * G * (p - 1) / p
+        assert predict(BYTES, "allreduce", "rabenseifner", G, p) == 2 * G * (p - 1) / p
+        assert predict(BYTES, "allreduce", "recursive_doubling", G, p) == G * k
+        assert predict(REDUCED, "allreduce", "rabenseifner", G, p) == G * (p - 1) / p
+        assert predict(BYTES, "reduce_scatter", "recursive_halving", G, p) == G * (p - 1) / p
+        assert predict(BYTES, "allgather", "recursive_doubling", G, p) == G * (p - 1) / p
+        assert predict(BYTES, "bcast", "scatter_allgather", G, p) == 2 * G * (p - 1) / p
+    # N = 6: p = 4, the fold adds 3 rounds to Rabenseifner and 2 to recursive doubling
+    assert predict(ROUNDS, "allreduce", "rabenseifner", G, 6) == 2 * 2 + 3
+    assert predict(ROUNDS, "allreduce", "recursive_doubling", G, 6) == 2 + 2
+    assert predict(ROUNDS, "allreduce", "naive", G, 6) == 2 * 3
+    for collective in ("allreduce", "reduce_scatter", "allgather", "bcast"):
+        for name in names(collective):
+            assert predict(DEFAULT, collective, name, G, 1) == 0.0
+
+
+def test_auto_takes_few_rounds_when_small_and_few_bytes_when_large():
+    for p in (2, 3, 4, 8):
+        assert best(DEFAULT, "allreduce", names("allreduce"), 8, p) == "recursive_doubling"
+        assert best(DEFAULT, "allreduce", names("allreduce"), 64 << 20, p) in (
+            "ring", "rabenseifner")
+        assert best(DEFAULT, "bcast", names("bcast"), 8, p) == "binomial"
+    assert best(DEFAULT, "bcast", names("bcast"), 64 << 20, 8) == "scatter_allgather"
+    assert best(ROUNDS, "allreduce", names("allreduce"), 1 << 30, 4) == "recursive_doubling"
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5], timeout=120)
+def test_calibration_is_cheap_cached_and_the_same_on_every_rank(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()  # a new communicator: nothing cached yet
+    n = comm.Get_size()
+    start = time.perf_counter()
+    m = cost.model(comm, api.CALIBRATION_TAG)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.5, f"calibration took {elapsed:.3f} s"
+    assert all(np.isfinite(v) and v > 0 for v in m), m
+    everyone = np.empty((n, 3))
+    comm.Allgather(np.array(m, dtype=np.float64), everyone)
+    assert (everyone == everyone[0]).all(), everyone  # bit for bit
+    counter = CountingComm(comm)
+    assert cost.model(counter, api.CALIBRATION_TAG) == m
+    assert counter.messages_sent == 0  # cached on the communicator
+    # every rank resolves "auto" alike at every size, so no rank waits on another algorithm
+    for collective in ("allreduce", "reduce_scatter", "allgather", "bcast"):
+        for nbytes in [0] + [8 << (3 * i) for i in range(9)]:  # 8 B .. 128 MiB
+            choice = api.choose(comm, collective, nbytes, "auto")
+            assert choice in names(collective)
+            index = np.array([names(collective).index(choice)])
+            lowest, highest = np.empty(1, int), np.empty(1, int)
+            comm.Allreduce(index, lowest, MPI.MIN)
+            comm.Allreduce(index, highest, MPI.MAX)
+            assert lowest[0] == highest[0], (collective, nbytes)
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
+def test_auto_follows_a_pinned_model_and_is_correct(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()
+    rank = comm.Get_rank()
+    cost.set_model(comm, *ROUNDS)  # only rounds cost: the fewest-round algorithm wins
+    assert api.choose(comm, "allreduce", 1 << 26, "auto") == "recursive_doubling"
+    assert api.choose(comm, "bcast", 1 << 26, "auto") == "binomial"
+    cost.set_model(comm, *BYTES)
+    assert api.choose(comm, "allreduce", 1 << 26, "auto") in ("ring", "rabenseifner")
+    cost.set_model(comm, *DEFAULT)
+    for count in (0, 1, 100, 10_000, 300_000):
+        x = np.arange(count, dtype=np.float64) + rank
+        ref, y = np.empty_like(x), np.empty_like(x)
+        comm.Allreduce(x, ref)
+        api.allreduce(comm, x, y)  # algorithm="auto" is the default
+        assert np.array_equal(y, ref), count
+        handle = api.iallreduce(comm, x, y, op=MPI.MAX)
+        handle.wait()
+        assert np.array_equal(y, x - rank + comm.Get_size() - 1), count
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_environment_variable_skips_calibration(mpi_ranks):
+    os.environ["MPIDP_COST"] = "2e-6,3e-10,4e-10"
+    try:
+        counter = CountingComm(MPI.COMM_WORLD.Dup())
+        assert cost.model(counter, api.CALIBRATION_TAG) == Model(2e-6, 3e-10, 4e-10)
+        assert counter.messages_sent == 0
+        counter.comm.Free()
+        os.environ["MPIDP_COST"] = "default"
+        comm = MPI.COMM_WORLD.Dup()
+        assert cost.model(comm, api.CALIBRATION_TAG) == DEFAULT
+        comm.Free()
+    finally:
+        del os.environ["MPIDP_COST"]
