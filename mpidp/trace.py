@@ -22,7 +22,7 @@ from contextlib import contextmanager
 COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
 COMM = 1
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
-          "wait": "#c44e52", "optimizer": "#8172b3", "step": "#cccccc"}
+          "wait": "#c44e52", "optimizer": "#8172b3"}
 
 
 class Tracer:
@@ -112,9 +112,9 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
     ax.set_xlim(lo, hi)
     ax.set_xlabel("time (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), loc="upper right", ncol=len(COLORS), fontsize=8)
+    fig.legend(handles, list(COLORS), loc="lower center", ncol=len(COLORS), fontsize=8)
     ax.set_title(title or path)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
