@@ -1,0 +1,495 @@
+"""``python -m mpidp.bench collectives``: every algorithm against the MPI library, nccl-tests style.
+
+    mpiexec -n 4 python -m mpidp.bench collectives [--max 64MiB] [--inplace both]
+        [--json FILE] [--csv FILE] [--plot FILE.png]
+
+For all-reduce, reduce-scatter (block), all-gather and broadcast, and for sizes
+doubling from ``--min`` to ``--max``, one run times side by side: the MPI
+library's own call through mpi4py ("native") and every mpidp algorithm of
+``mpidp.ALGORITHMS`` including ``auto`` (the table shows what auto resolved to).
+
+Method (as nccl-tests and the OSU micro-benchmarks):
+
+- buffers are allocated once, at the largest size; each size uses views of them;
+- per row: warm-up iterations, then timed ones; each iteration starts at a
+  barrier, its time is the slowest rank's; the table shows the median and the
+  minimum over the timed iterations;
+- every result, warm-up included, is compared with the native result for the
+  same input (inputs are small integers, so the answer is exact in any
+  summation order); ``#wrong`` counts the wrong items over all ranks and
+  iterations. Before each iteration the output is poisoned (out of place) or the
+  input restored (in place), outside the timed region;
+- size is the whole vector (all-gather: the gathered vector, reduce-scatter: the
+  input), ``algbw = size / time``, ``busbw = algbw · factor`` with nccl-tests'
+  factors: all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n,
+  broadcast 1 (see nccl-tests' doc/PERFORMANCE.md);
+- memory: at the largest size, each mpidp algorithm's peak of new allocations
+  during one call, measured with tracemalloc (NumPy reports its buffers there):
+  on the first call with an empty ScratchPool (the scratch it needs), and in
+  steady state after warm-up (pooled scratch is reused: about 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import inspect
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import tracemalloc
+from functools import partial
+
+import numpy as np
+from mpi4py import MPI
+
+from ..collectives import api
+from ..collectives.buffers import ScratchPool
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
+TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
+          "allgather": "all-gather", "bcast": "broadcast"}
+DTYPES = ("float32", "float64", "int32", "int64")
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+FULL_ITERS_UP_TO = 1 << 20  # above this size the iteration counts halve per doubling
+MIN_ITERS = 3
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: the fraction of the data each rank's link must carry."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather"):
+        return (n - 1) / n
+    return 1.0
+
+
+def parse_size(text: str) -> int:
+    """'8', '4K', '4KiB', '1MB', '64MiB' -> bytes (K, M, G are powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 4KiB, 64MiB)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def human(nbytes: float) -> str:
+    """Bytes in the binary units the sweep uses: 8 B, 4 KiB, 64 MiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def iterations(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
+    """(warm-up, timed) iterations for a size: all of them up to 1 MiB, then fewer."""
+    scale = max(1, nbytes // FULL_ITERS_UP_TO)
+    return max(1, warmup // scale), max(min(iters, MIN_ITERS), iters // scale)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench collectives", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min", type=parse_size, default=8, metavar="BYTES", help="default 8")
+    p.add_argument("--max", type=parse_size, default=64 << 20, metavar="BYTES",
+                   help="default 64MiB")
+    p.add_argument("--collectives", default=",".join(COLLECTIVES),
+                   help=f"comma-separated subset of {','.join(COLLECTIVES)}")
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--op", default="sum", choices=sorted(MPI_OPS))
+    p.add_argument("--iters", type=int, default=20,
+                   help="timed iterations up to 1 MiB, halved per doubling above (min 3)")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up iterations (scaled alike)")
+    p.add_argument("--inplace", default="both", choices=["off", "on", "both"],
+                   help="out of place, in place, or both (broadcast has one buffer)")
+    p.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    p.add_argument("--json", metavar="FILE", help="write metadata and rows as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
+    p.add_argument("--plot", metavar="FILE.png", help="busbw and latency against size")
+    args = p.parse_args(argv)
+    args.collectives = [c for c in args.collectives.split(",") if c]
+    for c in args.collectives:
+        if c not in COLLECTIVES:
+            p.error(f"unknown collective {c!r}; expected some of {COLLECTIVES}")
+    if not 0 < args.min <= args.max:
+        p.error("need 0 < --min <= --max")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("need --iters >= 1 and --warmup >= 0")
+    return args
+
+
+# ------------------------------------------------------------------ one collective, one size
+
+class Case:
+    """The buffers and calls of one collective at one size and placement.
+
+    ``setup()`` builds the expected answer with the native call; ``prepare()``
+    restores the input / poisons the output before an iteration; ``native()``
+    and ``mpidp(algorithm, **kw)`` return the collective as a call with every
+    argument bound; ``wrong()`` counts the items of the output that differ from
+    the expected answer.
+    """
+
+    def __init__(self, comm, collective: str, count: int, inplace: bool | None,
+                 op: str, bufs: dict):
+        self.comm, self.collective, self.count, self.inplace = comm, collective, count, inplace
+        self.op, self.mpi_op = op, MPI_OPS[op]
+        n, rank = comm.Get_size(), comm.Get_rank()
+        c, b = count, count // n  # whole vector, one block
+        x, out, want = bufs["x"], bufs["out"], bufs["want"]
+        self.poison = bufs["poison"]
+        if collective == "allreduce":
+            self.send, self.recv, self.result = x[:c], out[:c], out[:c]
+            self.source = x[:c]  # what `prepare` copies into recv when in place
+        elif collective == "reduce_scatter":
+            self.send, self.recv = x[:c], (out[:c] if inplace else out[:b])
+            self.result, self.source = out[:b], x[:c]
+        elif collective == "allgather":
+            self.send, self.recv, self.result = x[:b], out[:c], out[:c]
+            self.source = x[:b]
+            self.block = out[rank * b:(rank + 1) * b]  # where in place keeps its own block
+        else:  # bcast: one buffer, the root's input
+            self.send, self.recv, self.result, self.source = None, out[:c], out[:c], x[:c]
+        self.want = want[: self.result.size]
+
+    def prepare(self) -> None:
+        """Fresh input, poisoned output: a collective that skips a write is caught."""
+        recv = self.recv
+        if self.collective == "bcast":
+            if self.comm.Get_rank() == 0:
+                np.copyto(recv, self.source)
+            else:
+                recv.fill(self.poison)
+        elif not self.inplace:
+            recv.fill(self.poison)
+        elif self.collective == "allgather":
+            recv.fill(self.poison)
+            np.copyto(self.block, self.source)
+        else:
+            np.copyto(recv, self.source)
+
+    def native(self):
+        """The MPI library's call, arguments bound now (no work of ours inside the timing)."""
+        comm, send = self.comm, (MPI.IN_PLACE if self.inplace else self.send)
+        if self.collective == "allreduce":
+            return partial(comm.Allreduce, send, self.recv, op=self.mpi_op)
+        if self.collective == "reduce_scatter":
+            return partial(comm.Reduce_scatter_block, send, self.recv, op=self.mpi_op)
+        if self.collective == "allgather":
+            return partial(comm.Allgather, send, self.recv)
+        return partial(comm.Bcast, self.recv, root=0)
+
+    def mpidp(self, algorithm: str, **kw):
+        """mpidp's entry point for this collective, arguments bound (``kw``: e.g. ``pool``)."""
+        comm, send = self.comm, (api.IN_PLACE if self.inplace else self.send)
+        if self.collective == "allreduce":
+            return partial(api.allreduce, comm, send, self.recv, op=self.op,
+                           algorithm=algorithm, **kw)
+        if self.collective == "reduce_scatter":
+            return partial(api.reduce_scatter, comm, send, self.recv, op=self.op,
+                           algorithm=algorithm, **kw)
+        if self.collective == "allgather":
+            return partial(api.allgather, comm, send, self.recv, algorithm=algorithm, **kw)
+        return partial(api.bcast, comm, self.recv, 0, algorithm=algorithm, **kw)
+
+    def setup(self) -> None:
+        self.prepare()
+        self.native()()
+        np.copyto(self.want, self.result)
+
+    def wrong(self) -> int:
+        return int(np.count_nonzero(self.result != self.want))
+
+
+def takes_pool(collective: str) -> bool:
+    """Does mpidp's entry point for this collective accept a ScratchPool (``pool=``)?"""
+    plan = getattr(api, f"plan_{collective}")
+    return "pool" in inspect.signature(plan).parameters
+
+
+def time_row(case: Case, call, warmup: int, iters: int) -> tuple[list[float], int]:
+    """Per-iteration times (the slowest rank's) and the wrong items over all ranks."""
+    comm = case.comm
+    times = np.zeros(iters)
+    wrong = 0
+    for i in range(warmup + iters):
+        case.prepare()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        t = time.perf_counter() - t0
+        wrong += case.wrong()
+        if i >= warmup:
+            times[i - warmup] = t
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # an iteration lasts as its slowest rank
+    return times.tolist(), comm.allreduce(wrong, op=MPI.SUM)
+
+
+def peak_memory(case: Case, call) -> int:
+    """Largest new allocation (bytes, max over ranks) traced during one call."""
+    case.prepare()
+    case.comm.Barrier()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    call()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    return case.comm.allreduce(peak, op=MPI.MAX)
+
+
+# ------------------------------------------------------------------ the sweep
+
+def sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def count_for(collective: str, nbytes: int, itemsize: int, n: int) -> int:
+    """Items of the whole vector; reduce-scatter and all-gather round down to N blocks."""
+    count = nbytes // itemsize
+    if collective in ("reduce_scatter", "allgather"):
+        count -= count % n
+    return count
+
+
+def make_buffers(args, n: int, rank: int) -> dict:
+    """Input, output and expected answer at the largest size; every row uses views of them."""
+    dtype = np.dtype(args.dtype)
+    items = args.max // dtype.itemsize
+    i = np.arange(items, dtype=np.int64)
+    if args.op == "prod":
+        vals = np.where((i + rank) % 5 == 0, -1, 1)  # ±1: no overflow, exact
+    else:
+        vals = (i * 7 + rank * 13) % 61 - 30  # small integers: exact sums in any order
+    return {"x": vals.astype(dtype), "out": np.empty(items, dtype), "want": np.empty(items, dtype),
+            "poison": -12345}
+
+
+def sweep(comm, args, log) -> list[dict]:
+    n, rank = comm.Get_size(), comm.Get_rank()
+    dtype = np.dtype(args.dtype)
+    bufs = make_buffers(args, n, rank)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.inplace]
+    rows = []
+    for collective in args.collectives:
+        algorithms = api.ALGORITHMS[collective]  # read now: the list grows with mpidp
+        for inplace in ([None] if collective == "bcast" else modes):
+            place = placement(inplace)
+            log(f"\n# {TITLES[collective]}, {place}, {n} ranks, {dtype}"
+                + ("" if collective in ("allgather", "bcast") else f", op {args.op}"))
+            log(header())
+            largest = [s for s in sizes(args.min, args.max)
+                       if count_for(collective, s, dtype.itemsize, n) > 0][-1:]
+            for nbytes in sizes(args.min, args.max):
+                count = count_for(collective, nbytes, dtype.itemsize, n)
+                if count == 0:
+                    continue  # fewer items than ranks
+                case = Case(comm, collective, count, inplace, args.op, bufs)
+                case.setup()
+                warmup, iters = iterations(nbytes, args.iters, args.warmup)
+                native_us = None
+                for algorithm in ("native", *algorithms):
+                    if algorithm == "native":
+                        call, resolved = case.native(), None
+                    else:
+                        resolved = api.choose(comm, collective, count * dtype.itemsize, algorithm)
+                        call = case.mpidp(algorithm)
+                    times, wrong = time_row(case, call, warmup, iters)
+                    row = make_row(collective, algorithm, resolved, inplace, count, dtype,
+                                   n, times, wrong, warmup)
+                    if algorithm == "native":
+                        native_us = row["time_us"]
+                    row["speedup"] = native_us / row["time_us"] if row["time_us"] > 0 else None
+                    if nbytes in largest and algorithm != "native" and not args.no_memory:
+                        row.update(memory(case, algorithm))
+                    rows.append(row)
+                    log(format_row(row))
+    return rows
+
+
+def memory(case: Case, algorithm: str) -> dict:
+    """First-call (empty pool) and steady-state (warm pool) peak allocation of one call."""
+    tracemalloc.start()
+    try:
+        steady = peak_memory(case, case.mpidp(algorithm))
+        fresh = {"pool": ScratchPool()} if takes_pool(case.collective) else {}
+        first = peak_memory(case, case.mpidp(algorithm, **fresh))
+    finally:
+        tracemalloc.stop()
+    if case.wrong():
+        raise RuntimeError(f"{case.collective} {algorithm}: wrong result in the memory pass")
+    return {"mem_first_bytes": first, "mem_steady_bytes": steady}
+
+
+def placement(inplace: bool | None) -> str:
+    return {False: "out-of-place", True: "in-place", None: "single buffer"}[inplace]
+
+
+def make_row(collective, algorithm, resolved, inplace, count, dtype, n, times, wrong,
+             warmup) -> dict:
+    nbytes = count * dtype.itemsize
+    med, best = statistics.median(times), min(times)
+    algbw = nbytes / med / 1e9 if med > 0 else 0.0
+    return {"collective": collective, "algorithm": algorithm, "resolved": resolved,
+            "inplace": inplace, "bytes": nbytes, "count": count, "dtype": str(dtype),
+            "ranks": n, "iters": len(times), "warmup": warmup,
+            "time_us": med * 1e6, "min_us": best * 1e6, "algbw_gbps": algbw,
+            "busbw_gbps": algbw * bus_factor(collective, n), "wrong": wrong}
+
+
+def header() -> str:
+    return (f"{'size':>10s} {'count':>10s} {'algorithm':<30s} {'time(us)':>10s} "
+            f"{'min(us)':>10s} {'algbw':>7s} {'busbw':>7s} {'vs native':>9s} {'#wrong':>6s}")
+
+
+def label(row: dict) -> str:
+    """'auto (ring)' for auto, the name otherwise."""
+    if row["algorithm"] == "auto" and row.get("resolved"):
+        return f"auto ({row['resolved']})"
+    return row["algorithm"]
+
+
+def format_row(row: dict) -> str:
+    speedup = f"{row['speedup']:8.2f}x" if row.get("speedup") else f"{'-':>9s}"
+    return (f"{human(row['bytes']):>10s} {row['count']:>10d} {label(row):<30s} "
+            f"{row['time_us']:10.1f} {row['min_us']:10.1f} {row['algbw_gbps']:7.3f} "
+            f"{row['busbw_gbps']:7.3f} {speedup} {row['wrong']:6d}")
+
+
+def format_memory(rows: list[dict]) -> list[str]:
+    lines = ["", "# memory at the largest size: peak new allocation during one call "
+             "(tracemalloc, max over ranks)",
+             f"{'collective':<16s} {'placement':<14s} {'algorithm':<30s} {'size':>10s} "
+             f"{'first call':>12s} {'steady':>12s}"]
+    for r in rows:
+        if "mem_first_bytes" in r:
+            lines.append(f"{r['collective']:<16s} {placement(r['inplace']):<14s} "
+                         f"{label(r):<30s} {human(r['bytes']):>10s} "
+                         f"{human(r['mem_first_bytes']):>12s} {human(r['mem_steady_bytes']):>12s}")
+    return lines
+
+
+# ------------------------------------------------------------------ metadata and outputs
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def metadata(comm, args) -> dict:
+    import mpi4py
+
+    return {
+        "benchmark": "mpidp.bench collectives",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_library_short": " ".join(MPI.Get_library_version().split()[:3]),
+        "mpi4py": mpi4py.__version__, "numpy": np.__version__,
+        "ranks": comm.Get_size(), "dtype": args.dtype, "op": args.op,
+        "min_bytes": args.min, "max_bytes": args.max, "iters": args.iters,
+        "warmup": args.warmup, "full_iters_up_to": FULL_ITERS_UP_TO, "min_iters": MIN_ITERS,
+        "inplace": args.inplace, "algorithms": {c: list(api.ALGORITHMS[c])
+                                                for c in args.collectives},
+        "argv": sys.argv,
+    }
+
+
+CSV_FIELDS = ("collective", "algorithm", "resolved", "inplace", "bytes", "count", "dtype",
+              "ranks", "iters", "warmup", "time_us", "min_us", "algbw_gbps", "busbw_gbps",
+              "speedup", "wrong", "mem_first_bytes", "mem_steady_bytes")
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(rows: list[dict], meta: dict, path: str) -> None:
+    """One row of subplots per collective: busbw and latency against size, native dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
+    fig, axes = plt.subplots(len(collectives), 2, figsize=(12, 3.6 * len(collectives)),
+                             squeeze=False)
+    for (ax_bw, ax_t), collective in zip(axes, collectives, strict=True):
+        mine = [r for r in rows if r["collective"] == collective]
+        place = False if any(r["inplace"] is False for r in mine) else mine[0]["inplace"]
+        mine = [r for r in mine if r["inplace"] is place]
+        for algorithm in dict.fromkeys(r["algorithm"] for r in mine):
+            line = [r for r in mine if r["algorithm"] == algorithm]
+            x = [r["bytes"] for r in line]
+            style = {"linestyle": "--", "color": "black"} if algorithm == "native" else {}
+            ax_bw.plot(x, [r["busbw_gbps"] for r in line], marker=".", label=algorithm, **style)
+            ax_t.plot(x, [r["time_us"] for r in line], marker=".", label=algorithm, **style)
+        title = f"{TITLES[collective]}, {placement(place)}, {meta.get('ranks')} ranks"
+        ax_bw.set(title=title, xscale="log", xlabel="size (bytes)", ylabel="busbw (GB/s)")
+        ax_t.set(title=title, xscale="log", yscale="log", xlabel="size (bytes)",
+                 ylabel="time (µs, median)")
+        for ax in (ax_bw, ax_t):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=4))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
+            ax.grid(True, which="major", alpha=0.3)
+        ax_t.legend(fontsize=8)
+    fig.suptitle(f"mpidp collectives vs {meta.get('mpi_library_short', 'MPI')} "
+                 f"({meta.get('dtype')}, {meta.get('cpu')})", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv or [])
+    comm = MPI.COMM_WORLD.Dup()  # our own context: no message of ours meets a user's
+    rank, n = comm.Get_rank(), comm.Get_size()
+    log = print if rank == 0 else (lambda *a, **k: None)
+    meta = metadata(comm, args)
+    log(f"# mpidp collectives benchmark: {n} ranks, {args.dtype}, op {args.op}, "
+        f"{human(args.min)} .. {human(args.max)}")
+    log(f"# {meta['mpi_library_short']}; mpi4py {meta['mpi4py']}, numpy {meta['numpy']}; "
+        f"{meta['cpu']}, {meta['cores']} cores")
+    log(f"# iterations: {args.warmup} warm-up + {args.iters} timed per size up to "
+        f"{human(FULL_ITERS_UP_TO)}, halved per doubling above (at least 1 + "
+        f"{min(args.iters, MIN_ITERS)}); a barrier before each")
+    log("# time: slowest rank per iteration, median (and min) over iterations; "
+        "busbw = algbw x (all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, bcast 1)")
+    log("# vs native: native time / this time (>1: faster than the MPI library); "
+        "#wrong: items differing from the native result, all ranks and iterations")
+    try:
+        rows = sweep(comm, args, log)
+    finally:
+        comm.Free()
+    for line in format_memory(rows):
+        log(line)
+    wrong = sum(r["wrong"] for r in rows)
+    log(f"\n# {len(rows)} rows, {wrong} wrong items" + ("" if wrong == 0 else "  <-- ERRORS"))
+    if rank == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**meta, "rows": rows}, f, indent=1)
+        if args.csv:
+            write_csv(args.csv, rows)
+        if args.plot:
+            plot(rows, meta, args.plot)
+    return 1 if wrong else 0
