@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -92,7 +93,8 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> f
     return formulas[collective, algorithm]()
 
 
-def best(m: Model, collective: str, names, nbytes: int, p: int) -> str:
+@lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
+def best(m: Model, collective: str, names: tuple, nbytes: int, p: int) -> str:
     """The name in `names` with the smallest predicted time (ties: the first listed)."""
     return min(names, key=lambda name: predict(m, collective, name, nbytes, p))
 
