@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 import zipfile
 
 import numpy as np
@@ -13,6 +15,22 @@ from mpidp.training import MLP, SGD, softmax_cross_entropy
 from mpidp.training.checkpoint import CheckpointError, load, read, save
 
 HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture
+def shared_dir():
+    """A fresh folder made by rank 0 and known to every rank of the job.
+
+    Not pytest's tmp_path: each rank is its own pytest session with its own, and
+    concurrent sessions prune each other's numbered tmp folders.
+    """
+    comm = MPI.COMM_WORLD
+    folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None
+    folder = comm.bcast(folder, root=0)
+    yield folder
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def trainer():
@@ -105,9 +123,9 @@ def final_params(path):
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_resume_is_bitwise_identical_to_an_uninterrupted_run(mpi_ranks, tmp_path):
+def test_resume_is_bitwise_identical_to_an_uninterrupted_run(mpi_ranks, shared_dir):
     comm = MPI.COMM_WORLD
-    folder = comm.bcast(str(tmp_path), root=0)  # rank 0's folder: every rank reads the files
+    folder = shared_dir  # every rank reads the files rank 0 writes
     train = trainer().main
     common = ["--epochs", "3", "--global-batch", "240", "--hidden", "32", "--dtype", "float64",
               "--bucket-mb", "0", "--progress", "never"]

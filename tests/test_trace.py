@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -9,6 +11,22 @@ from mpi4py import MPI
 
 from mpidp import trace
 from mpidp.training import MLP, DataParallel, softmax_cross_entropy
+
+
+@pytest.fixture
+def shared_dir():
+    """A fresh folder made by rank 0 and known to every rank of the job.
+
+    Not pytest's tmp_path: each rank is its own pytest session with its own, and
+    concurrent sessions prune each other's numbered tmp folders.
+    """
+    comm = MPI.COMM_WORLD
+    folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None
+    folder = comm.bcast(folder, root=0)
+    yield folder
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_tracer_writes_chrome_trace_events(tmp_path):
@@ -28,9 +46,9 @@ def test_tracer_writes_chrome_trace_events(tmp_path):
 
 
 @pytest.mark.mpi(ranks=[2], timeout=90)
-def test_trace_of_a_training_step_has_every_rank_layer_and_bucket(mpi_ranks, tmp_path):
+def test_trace_of_a_training_step_has_every_rank_layer_and_bucket(mpi_ranks, shared_dir):
     comm = MPI.COMM_WORLD
-    folder = comm.bcast(str(tmp_path), root=0)
+    folder = shared_dir
     tracer = trace.Tracer(comm.Get_rank())
     model = MLP([8, 6, 5, 3], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0, tracer=tracer)
