@@ -1,0 +1,398 @@
+"""``python -m mpidp.bench.report``: write docs/benchmarks.md from the benchmarks' JSON files.
+
+    python -m mpidp.bench.report [--data docs/data] [--img docs/img] [--out docs/benchmarks.md]
+
+Reads ``collectives-n<N>.json`` (from ``python -m mpidp.bench collectives --json``)
+for every rank count found in ``--data``, and, where present, ``overlap-n<N>.txt`` /
+``overlap-n<N>.json`` and ``calibrate-n<N>.txt`` (the other subcommands' output).
+Draws one PNG per rank count into ``--img`` and writes the page: the machine,
+the method, the headline ratios, every target of the benchmark issue with
+met / missed computed from the rows (never typed by hand), the tables, the
+memory figures and the plots. A hand-written ``--notes`` file (the analysis of
+missed targets) is included verbatim if it exists. ``make bench`` runs it last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+
+from .collectives import COLLECTIVES, TITLES, human, placement, plot
+
+KIB, MIB = 1 << 10, 1 << 20
+STANDARD_MAX = 64 * MIB
+
+# The targets of the benchmark issue, per collective and placement (medians):
+LARGE_FROM = 1 * MIB  # at every size >= this: best mpidp algorithm >= LARGE_SPEEDUP x native
+LARGE_SPEEDUP = 1.0
+AUTO_SLACK = 1.10  # at every size: auto's time <= AUTO_SLACK x the best mpidp algorithm's
+SMALL_UP_TO = 4 * KIB  # at every size <= this: auto's time <= SMALL_SLOWDOWN x native's
+SMALL_SLOWDOWN = 3.0
+
+
+# ------------------------------------------------------------------ reading the rows
+
+def group(rows: list[dict]) -> dict:
+    """{(collective, inplace): {bytes: {algorithm: row}}}, in sweep order."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["collective"], r["inplace"]), {}).setdefault(r["bytes"], {})[
+            r["algorithm"]] = r
+    return out
+
+
+def mpidp_names(by_alg: dict) -> list[str]:
+    """The algorithms of one size other than native and auto."""
+    return [a for a in by_alg if a not in ("native", "auto")]
+
+
+def best_mpidp(by_alg: dict) -> dict | None:
+    """The fastest (median) mpidp algorithm's row at one size, auto not counted."""
+    names = mpidp_names(by_alg)
+    return min((by_alg[a] for a in names), key=lambda r: r["time_us"]) if names else None
+
+
+def targets(sizes: dict) -> list[dict]:
+    """Evaluate the three targets for one (collective, placement): {bytes: {algorithm: row}}.
+
+    Each entry: target (text), met (True/False/None: not measured), worst (the
+    figure at the worst size), at (that size), detail (the sentence for the page).
+    """
+    out = []
+    large = [(b, best_mpidp(a), a["native"]) for b, a in sizes.items()
+             if b >= LARGE_FROM and "native" in a and best_mpidp(a)]
+    text = f"≥ {human(LARGE_FROM)}: best mpidp algorithm ≥ {LARGE_SPEEDUP:.1f}x native"
+    if large:
+        b, best, native = min(large, key=lambda t: t[2]["time_us"] / t[1]["time_us"])
+        ratio = native["time_us"] / best["time_us"]
+        met = ratio >= LARGE_SPEEDUP
+        detail = (f"worst at {human(b)}: {best['algorithm']} {ratio:.2f}x native"
+                  + ("" if met else f" (missed by {100 * (1 - ratio / LARGE_SPEEDUP):.0f}%)"))
+        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
+    else:
+        out.append({"target": text, "met": None, "worst": None, "at": None,
+                    "detail": f"not measured (no size ≥ {human(LARGE_FROM)})"})
+
+    autos = [(b, a["auto"], best_mpidp(a)) for b, a in sizes.items()
+             if "auto" in a and best_mpidp(a)]
+    text = f"every size: auto within {100 * (AUTO_SLACK - 1):.0f}% of the best mpidp algorithm"
+    if autos:
+        b, auto, best = max(autos, key=lambda t: t[1]["time_us"] / t[2]["time_us"])
+        ratio = auto["time_us"] / best["time_us"]
+        met = ratio <= AUTO_SLACK
+        chose = auto.get("resolved") or "?"
+        detail = (f"worst at {human(b)}: auto ({chose}) {ratio:.2f}x the time of "
+                  f"{best['algorithm']}" + ("" if met else
+                                            f" (missed by {100 * (ratio / AUTO_SLACK - 1):.0f}%)"))
+        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
+    else:
+        out.append({"target": text, "met": None, "worst": None, "at": None,
+                    "detail": "not measured"})
+
+    small = [(b, a["auto"], a["native"]) for b, a in sizes.items()
+             if b <= SMALL_UP_TO and "auto" in a and "native" in a]
+    text = f"≤ {human(SMALL_UP_TO)}: auto within {SMALL_SLOWDOWN:.0f}x native latency"
+    if small:
+        b, auto, native = max(small, key=lambda t: t[1]["time_us"] / t[2]["time_us"])
+        ratio = auto["time_us"] / native["time_us"]
+        met = ratio <= SMALL_SLOWDOWN
+        detail = (f"worst at {human(b)}: auto {auto['time_us']:.1f} µs, native "
+                  f"{native['time_us']:.1f} µs = {ratio:.1f}x"
+                  + ("" if met else f" (missed by {100 * (ratio / SMALL_SLOWDOWN - 1):.0f}%)"))
+        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
+    else:
+        out.append({"target": text, "met": None, "worst": None, "at": None,
+                    "detail": f"not measured (no size ≤ {human(SMALL_UP_TO)})"})
+    return out
+
+
+def status(met: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "not measured"}[met]
+
+
+# ------------------------------------------------------------------ the page, section by section
+
+def machine(runs: list[dict]) -> list[str]:
+    m = runs[0]
+    lib = [" ".join(line.split()) for line in m.get("mpi_library", "?").splitlines()]
+    lines = ["## Machine", "",
+             f"- CPU: {m.get('cpu', '?')}, {m.get('cores', '?')} cores ({m.get('host', '?')}, "
+             f"{m.get('platform', '?')})",
+             f"- MPI library: {lib[0] if lib else '?'}"
+             + (f" ({', '.join(s.strip() for s in lib[1:4])})" if len(lib) > 1 else ""),
+             f"- Python {m.get('python', '?')}, mpi4py {m.get('mpi4py', '?')}, "
+             f"numpy {m.get('numpy', '?')}",
+             "- runs: " + "; ".join(f"{r['ranks']} ranks on {r.get('date', '?')}" for r in runs),
+             ""]
+    return lines
+
+
+def method(runs: list[dict]) -> list[str]:
+    m = runs[0]
+    return [
+        "## Method", "",
+        f"`python -m mpidp.bench collectives` under `mpiexec -n N`, {m.get('dtype')} data, "
+        f"op {m.get('op')}, sizes doubling from {human(m.get('min_bytes', 8))} to "
+        f"{human(m.get('max_bytes', 0))}. Per row: {m.get('warmup')} warm-up and "
+        f"{m.get('iters')} timed iterations up to {human(m.get('full_iters_up_to', MIB))}, "
+        f"halved per doubling above (at least {m.get('min_iters', 3)} timed); a barrier "
+        "before each iteration; an iteration's time is the slowest rank's; the tables show "
+        "the median over iterations. Native is the MPI library's own call through mpi4py "
+        "(`Allreduce`, `Reduce_scatter_block`, `Allgather`, `Bcast`), timed in the same run, "
+        "size by size, beside every mpidp algorithm and `auto` (in brackets: what auto chose). "
+        "Speed-up = native time / algorithm time (> 1: faster than the MPI library). "
+        "busbw = size / time × (all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, "
+        "broadcast 1), as nccl-tests. Size is the whole vector. Every result, warm-up "
+        "included, is compared with the native result.", ""]
+
+
+def headline(runs: list[dict]) -> list[str]:
+    lines = ["## Headline", "",
+             "Largest size: the best mpidp algorithm and auto against native; smallest size: "
+             "auto's latency against native's (out of place where measured).", "",
+             "| ranks | collective | size | native µs | best mpidp | speed-up | auto | "
+             "auto speed-up | smallest | native µs | auto µs | auto / native |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        groups = group(run["rows"])
+        for collective in COLLECTIVES:
+            key = next((k for k in ((collective, False), (collective, None), (collective, True))
+                        if k in groups), None)
+            if key is None:
+                continue
+            sizes = groups[key]
+            big, small = max(sizes), min(sizes)
+            b, s = sizes[big], sizes[small]
+            best = best_mpidp(b)
+            if "native" not in b or best is None or "auto" not in b:
+                continue
+            nat = b["native"]["time_us"]
+            lines.append(
+                f"| {run['ranks']} | {TITLES[collective]} | {human(big)} | {nat:.0f} | "
+                f"{best['algorithm']} | {nat / best['time_us']:.2f}x | "
+                f"{b['auto'].get('resolved')} | {nat / b['auto']['time_us']:.2f}x | "
+                f"{human(small)} | {s['native']['time_us']:.1f} | {s['auto']['time_us']:.1f} | "
+                f"{s['auto']['time_us'] / s['native']['time_us']:.1f}x |")
+    return [*lines, ""]
+
+
+def target_table(runs: list[dict]) -> tuple[list[str], int, int]:
+    lines = ["## Targets", "",
+             "From the benchmark issue, evaluated on the medians above for every collective "
+             "and placement; *worst* is the size where the target is closest to failing "
+             "(or fails by most).", "",
+             "| ranks | collective | placement | target | status | worst case |",
+             "|---|---|---|---|---|---|"]
+    met = total = 0
+    for run in runs:
+        groups = group(run["rows"])
+        for (collective, inplace), sizes in groups.items():
+            for t in targets(sizes):
+                total += t["met"] is not None
+                met += bool(t["met"])
+                lines.append(f"| {run['ranks']} | {TITLES[collective]} | {placement(inplace)} | "
+                             f"{t['target']} | {status(t['met'])} | {t['detail']} |")
+    lines[2] = f"{met} of {total} measured targets met. " + lines[2]
+    return [*lines, ""], met, total
+
+
+def tables(run: dict) -> list[str]:
+    lines = [f"### {run['ranks']} ranks", ""]
+    wrong = sum(r["wrong"] for r in run["rows"])
+    bad = [r for r in run["rows"] if r["wrong"]]
+    lines.append(f"{len(run['rows'])} rows, every result checked against native: "
+                 + ("0 wrong items." if not wrong else
+                    f"**{wrong} wrong items** in " + ", ".join(
+                        f"{r['collective']} {r['algorithm']} {human(r['bytes'])}" for r in bad)))
+    lines.append("")
+    for (collective, inplace), sizes in group(run["rows"]).items():
+        names = list(dict.fromkeys(a for by_alg in sizes.values() for a in by_alg
+                                   if a != "native"))
+        lines += [f"**{TITLES[collective]}, {placement(inplace)}**: median µs "
+                  "(speed-up over native); busbw in GB/s", "",
+                  "| size | count | native | " + " | ".join(names) + " | busbw native | "
+                  "busbw best |",
+                  "|---" * (len(names) + 5) + "|"]
+        for nbytes, by_alg in sizes.items():
+            native = by_alg.get("native")
+            cells = []
+            for a in names:
+                r = by_alg.get(a)
+                if r is None:
+                    cells.append("")
+                    continue
+                cell = f"{r['time_us']:.1f}"
+                if native and r["time_us"] > 0:
+                    cell += f" ({native['time_us'] / r['time_us']:.2f}x)"
+                if a == "auto" and r.get("resolved"):
+                    cell += f" [{r['resolved']}]"
+                cells.append(cell)
+            best = best_mpidp(by_alg)
+            count = next(iter(by_alg.values()))["count"]
+            lines.append(f"| {human(nbytes)} | {count} | "
+                         + (f"{native['time_us']:.1f}" if native else "") + " | "
+                         + " | ".join(cells) + " | "
+                         + (f"{native['busbw_gbps']:.3f}" if native else "") + " | "
+                         + (f"{best['busbw_gbps']:.3f} ({best['algorithm']})" if best else "")
+                         + " |")
+        lines.append("")
+    return lines
+
+
+def memory(runs: list[dict]) -> list[str]:
+    lines = ["## Memory", "",
+             "Peak new allocation during one call at the largest size (tracemalloc, which sees "
+             "NumPy's buffers; max over ranks). *First call*: with an empty ScratchPool, i.e. the "
+             "scratch the algorithm needs (ring: one block; halving: at most half the vector; "
+             "out-of-place reduce-scatter also takes a pooled copy of the input, since MPI "
+             "forbids writing sendbuf). *Steady*: after warm-up, with the pool holding the "
+             "buffers; what remains is Python objects (generators, request lists).", "",
+             "| ranks | collective | placement | algorithm | size | first call | "
+             "first / size | steady |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for r in run["rows"]:
+            if r.get("mem_first_bytes") is None:
+                continue
+            algo = r["algorithm"] + (f" [{r['resolved']}]" if r["algorithm"] == "auto" else "")
+            lines.append(f"| {run['ranks']} | {TITLES[r['collective']]} | "
+                         f"{placement(r['inplace'])} | {algo} | {human(r['bytes'])} | "
+                         f"{human(r['mem_first_bytes'])} | "
+                         f"{r['mem_first_bytes'] / r['bytes']:.2f} | "
+                         f"{human(r['mem_steady_bytes'])} |")
+    return [*lines, ""]
+
+
+def verbatim(title: str, paths: list[str], intro: str) -> list[str]:
+    if not paths:
+        return []
+    lines = [f"## {title}", "", intro, ""]
+    for path in paths:
+        n = re.search(r"-n(\d+)\.", path)
+        lines += [f"### {n.group(1) if n else '?'} ranks", "", "```"]
+        with open(path) as f:
+            lines += f.read().rstrip().splitlines()
+        lines += ["```", ""]
+    return lines
+
+
+def overlap_headline(paths: list[str]) -> list[str]:
+    """One line per rank count from overlap JSON: the hidden fraction of each overlapped mode."""
+    lines = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                s = json.load(f)
+            parts = [f"{mode} hides {e['hidden_fraction']:.0%} of the communication "
+                     f"({e['step_ms']:.1f} ms a step)"
+                     for mode, e in s.get("modes", {}).items() if "hidden_fraction" in e]
+            serial = s.get("modes", {}).get("serial", {}).get("step_ms")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if parts:
+            lines.append(f"- {s.get('ranks', '?')} ranks: serial {serial:.1f} ms a step; "
+                         + "; ".join(parts) + ".")
+    return [*lines, ""] if lines else []
+
+
+def ranks_of(path: str) -> int:
+    m = re.search(r"-n(\d+)\.", os.path.basename(path))
+    return int(m.group(1)) if m else 0
+
+
+def render(runs: list[dict], images: dict, data_dir: str, out_dir: str, note: str = "",
+           notes_text: str = "") -> str:
+    """The whole page. `images`: {ranks: png path}; paths in the page are relative to out_dir."""
+
+    def rel(path: str) -> str:
+        return os.path.relpath(path, out_dir)
+
+    lines = ["# Benchmarks", "",
+             "<!-- generated by `python -m mpidp.bench.report` (`make bench`); do not edit: "
+             "edit the notes file or the generator -->", "",
+             "mpidp's collectives against the MPI library's own, on one machine, "
+             "nccl-tests style. Regenerate with `make bench` (raw rows: "
+             + ", ".join(f"[{os.path.basename(p)}]({rel(p)})"
+                         for p in sorted(glob.glob(os.path.join(data_dir, "collectives-n*.*"))))
+             + ").", ""]
+    if note:
+        lines += [f"> **{note}**", ""]
+    short = [r for r in runs if r.get("max_bytes", STANDARD_MAX) < STANDARD_MAX]
+    if short:
+        lines += [f"> Not the standard sweep: {', '.join(str(r['ranks']) for r in short)}-rank "
+                  f"run(s) stop at {human(short[0]['max_bytes'])} instead of "
+                  f"{human(STANDARD_MAX)}.", ""]
+    lines += machine(runs) + method(runs) + headline(runs)
+    target_lines, _, _ = target_table(runs)
+    lines += target_lines
+    if notes_text:
+        lines += ["## Analysis", "", notes_text.rstrip(), ""]
+    lines += ["## Plots", "", "busbw (left) and median time (right) against size, one line "
+              "per algorithm, native dashed (out of place).", ""]
+    for ranks, png in sorted(images.items()):
+        lines += [f"![{ranks} ranks]({rel(png)})", ""]
+    lines += ["## Tables", ""]
+    for run in runs:
+        lines += tables(run)
+    lines += memory(runs)
+    overlap_json = sorted(glob.glob(os.path.join(data_dir, "overlap-n*.json")), key=ranks_of)
+    overlap_txt = sorted(glob.glob(os.path.join(data_dir, "overlap-n*.txt")), key=ranks_of)
+    ov = verbatim("Overlap", overlap_txt, "`python -m mpidp.bench overlap`: the trainer's step "
+                  "time without communication, with the all-reduce after backward, and "
+                  "overlapped with it.")
+    if ov:
+        lines += ov[:4] + overlap_headline(overlap_json) + ov[4:]
+    lines += verbatim("Calibration", sorted(glob.glob(os.path.join(data_dir, "calibrate-n*.txt")),
+                                            key=ranks_of),
+                      "`python -m mpidp.bench calibrate`: the fitted α, β, γ and the cost "
+                      "model's predictions beside the measured times.")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def load_runs(data_dir: str) -> list[dict]:
+    runs = []
+    for path in sorted(glob.glob(os.path.join(data_dir, "collectives-n*.json")), key=ranks_of):
+        with open(path) as f:
+            runs.append(json.load(f))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="docs/data", help="where the JSON/text files are")
+    p.add_argument("--img", default="docs/img", help="where to draw the PNGs")
+    p.add_argument("--out", default="docs/benchmarks.md")
+    p.add_argument("--notes", default="docs/benchmarks-notes.md",
+                   help="hand-written analysis included verbatim, if the file exists")
+    p.add_argument("--note", default="", help="a banner line at the top (e.g. 'preliminary')")
+    args = p.parse_args(argv)
+    runs = load_runs(args.data)
+    if not runs:
+        p.error(f"no collectives-n*.json in {args.data}")
+    os.makedirs(args.img, exist_ok=True)
+    images = {}
+    for run in runs:
+        images[run["ranks"]] = os.path.join(args.img, f"collectives-n{run['ranks']}.png")
+        plot(run["rows"], run, images[run["ranks"]])
+    notes_text = ""
+    if args.notes and os.path.exists(args.notes):
+        with open(args.notes) as f:
+            notes_text = f.read()
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    page = render(runs, {k: os.path.abspath(v) for k, v in images.items()},
+                  os.path.abspath(args.data), out_dir, args.note, notes_text)
+    with open(args.out, "w") as f:
+        f.write(page)
+    _, met, total = target_table(runs)
+    print(f"wrote {args.out} ({met} of {total} measured targets met) and "
+          f"{len(images)} plot(s) in {args.img}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
