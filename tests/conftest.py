@@ -40,6 +40,14 @@ def _timeout_of(item) -> float | None:
 if IN_RANK:
     _watchdogs: dict[str, threading.Timer] = {}
 
+    def pytest_configure(config):
+        # Every rank is its own pytest session; with the default base folder they
+        # would prune each other's /tmp/pytest-of-USER/pytest-N folders.
+        if not config.option.basetemp:
+            import tempfile
+
+            config.option.basetemp = tempfile.mkdtemp(prefix="mpidp-rank-")
+
     def _report_and_exit(config, nodeid: str, seconds: float) -> None:
         from mpi4py import MPI
 
