@@ -28,6 +28,7 @@ exception and on Ctrl-C, and cleans up what a killed run left before building.
 Command line::
 
     python -m mpidp.cluster run --hosts 4 --rate 1gbit --delay 0.1ms -- python bench.py
+    python -m mpidp.cluster bench --hosts 4 --sizes 1,16   # busbw: mpidp vs native
     python -m mpidp.cluster up --hosts 2      # leave it up; prints the mpiexec line
     python -m mpidp.cluster status
     python -m mpidp.cluster down
@@ -400,6 +401,62 @@ def _default_mpiexec() -> str:
     return os.path.abspath(found)
 
 
+# ---------------------------------------------------------------- benchmark
+
+def bench_rank(sizes_mib: list[float], iters: int, rate_bps: float | None) -> None:
+    """The ranks' side of ``bench``: busbw of native vs each mpidp all-reduce, per size.
+
+    Sizes and algorithms are interleaved in one run, so a ratio compares figures
+    taken under the same load. busbw = bytes·2(N-1)/N / time, the rate each link
+    must carry for a bandwidth-optimal all-reduce: it can never beat the link rate.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    from .collectives import api
+
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    algorithms = [a for a in api.ALGORITHMS["allreduce"] if a != "auto"]
+    if comm.Get_rank() == 0:
+        link = f"{rate_bps / 1e9:.3f} GB/s" if rate_bps else "unlimited"
+        print(f"# {n} ranks; link {link}; busbw in GB/s (median of {iters}); "
+              "ratio = mpidp / native; link% = busbw / link rate", flush=True)
+    for size in sizes_mib:
+        x = np.ones(max(1, int(size * 2**20) // 4), dtype=np.float32)
+        row = {}
+        for name in ("native", *algorithms):
+            times = []
+            for i in range(iters + 1):  # the first one warms up connections and pools
+                comm.Barrier()
+                t0 = MPI.Wtime()
+                if name == "native":
+                    comm.Allreduce(MPI.IN_PLACE, x)
+                else:
+                    api.allreduce(comm, api.IN_PLACE, x, algorithm=name)
+                dt = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+                if i:
+                    times.append(dt)
+                x.fill(1.0)
+            row[name] = x.nbytes * 2 * (n - 1) / n / float(np.median(times)) / 1e9
+        if comm.Get_rank() == 0:
+            for name, busbw in row.items():
+                pct = f"{100 * busbw * 1e9 / rate_bps:5.0f}%" if rate_bps else ""
+                print(f"{size:8.2f} MiB  {name:>18}  {busbw:7.4f}  "
+                      f"ratio {busbw / row['native']:5.2f}  link{pct}", flush=True)
+
+
+def _rate_bps(rate: str | None) -> float | None:
+    """tc's "1gbit" / "100mbit" / "500kbit" in bytes per second."""
+    if not rate:
+        return None
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    raise ValueError(f"rate {rate!r}: use gbit, mbit or kbit")
+
+
 # ---------------------------------------------------------------- command line
 
 def _parser() -> argparse.ArgumentParser:
@@ -421,6 +478,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="no shared memory even between ranks of one host (MPIR_CVAR_NOLOCAL=1)")
     run.add_argument("--timeout", type=float, help="kill the job after this many seconds")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
+    bench = sub.add_parser("bench", help="all-reduce busbw across the hosts, mpidp vs native")
+    shape(bench)
+    bench.add_argument("--ppn", type=int, default=1, help="ranks per host")
+    bench.add_argument("--sizes", default="0.25,1,4,16", help="MiB, comma-separated")
+    bench.add_argument("--iters", type=int, default=3)
+    rank = sub.add_parser("bench-rank", help=argparse.SUPPRESS)
+    rank.add_argument("sizes")
+    rank.add_argument("iters", type=int)
+    rank.add_argument("rate")
     up = sub.add_parser("up", help="build and leave up (one cluster at a time)")
     shape(up)
     sub.add_parser("down", help="tear down everything mpidp.cluster made")
@@ -430,6 +496,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(args: list[str] | None = None) -> int:
     a = _parser().parse_args(args)
+    if a.cmd == "bench-rank":
+        bench_rank([float(v) for v in a.sizes.split(",")], a.iters, _rate_bps(
+            None if a.rate == "none" else a.rate))
+        return 0
     if a.cmd in ("down", "status"):
         ok, why = available()
         if not ok:
@@ -456,6 +526,11 @@ def main(args: list[str] | None = None) -> int:
             print("run:  " + shlex.join(argv))
             print("down: python -m mpidp.cluster down")
             return 0
+        if a.cmd == "bench":
+            with cluster:
+                return cluster.run(a.hosts * a.ppn, [
+                    sys.executable, "-m", "mpidp.cluster", "bench-rank", a.sizes,
+                    str(a.iters), a.rate], ppn=a.ppn).returncode
         argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
         if not argv:
             print("mpidp.cluster run: give a command after --", file=sys.stderr)
