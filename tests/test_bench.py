@@ -1,0 +1,173 @@
+"""The benchmark tooling: the collectives sweep checks its answers, and the report reads its JSON.
+
+The sweep runs in-process on 2 and 3 ranks at tiny sizes (the numbers are noise;
+what is tested is the schema, that every algorithm of `mpidp.ALGORITHMS` and the
+native call have rows, and that every result was right). A deliberately broken
+all-reduce shows that `#wrong` catches a bad answer. The report generator runs
+on a small synthetic JSON whose targets are met, missed and unmeasured by
+construction.
+"""
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.bench import collectives as bench
+from mpidp.bench import report
+from mpidp.collectives import api
+
+ROW_KEYS = {"collective", "algorithm", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
+            "min_us", "count", "inplace", "speedup", "resolved"}
+META_KEYS = {"date", "cpu", "cores", "mpi_library", "mpi4py", "numpy", "ranks", "rows"}
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder made by rank 0 and known to every rank (tmp_path is per rank)."""
+    comm = MPI.COMM_WORLD
+    folder = tempfile.mkdtemp(prefix="mpidp-bench-") if comm.Get_rank() == 0 else None
+    folder = comm.bcast(folder, root=0)
+    yield folder
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_collectives_sweep_checks_every_algorithm_against_native(mpi_ranks, shared_dir):
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    out = os.path.join(shared_dir, "c.json")
+    table = os.path.join(shared_dir, "c.csv")
+    rc = bench.main(["--min", "8", "--max", "256", "--iters", "2", "--warmup", "1",
+                     "--json", out, "--csv", table])
+    assert rc == 0
+    comm.Barrier()
+    with open(out) as f:
+        data = json.load(f)
+    assert META_KEYS <= data.keys() and data["ranks"] == n
+    rows = data["rows"]
+    for row in rows:
+        assert ROW_KEYS <= row.keys(), row
+        assert row["wrong"] == 0, row
+        assert row["time_us"] > 0 and row["min_us"] <= row["time_us"]
+        factor = bench.bus_factor(row["collective"], n)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["time_us"] / 1e3)
+    for collective in bench.COLLECTIVES:
+        names = mpidp.ALGORITHMS[collective]
+        for place in ([None] if collective == "bcast" else [False, True]):
+            mine = [r for r in rows if r["collective"] == collective and r["inplace"] is place]
+            assert {r["algorithm"] for r in mine} == {"native", *names}, (collective, place)
+            assert all(r["resolved"] in names[:-1] for r in mine if r["algorithm"] == "auto")
+            if collective in ("reduce_scatter", "allgather"):  # whole blocks: N divides count
+                assert all(r["count"] % n == 0 for r in mine)
+            largest = max(r["bytes"] for r in mine)
+            for r in mine:  # memory measured at the largest size, for mpidp's algorithms
+                measured = r.get("mem_first_bytes") is not None
+                assert measured == (r["bytes"] == largest and r["algorithm"] != "native")
+    with open(table) as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_a_wrong_answer_is_counted(mpi_ranks, monkeypatch):
+    real = api.allreduce
+
+    def off_by_one(comm, sendbuf, recvbuf, *args, **kw):
+        real(comm, sendbuf, recvbuf, *args, **kw)
+        if comm.Get_rank() == 1:
+            recvbuf[0] += 1
+
+    monkeypatch.setattr(api, "allreduce", off_by_one)
+    rc = bench.main(["--collectives", "allreduce", "--max", "64", "--iters", "2",
+                     "--warmup", "1", "--inplace", "off", "--no-memory"])
+    assert rc == 1  # every mpidp row is wrong: one item per iteration on rank 1
+
+
+# ------------------------------------------------------------------ the report generator
+
+def row(collective, algorithm, nbytes, time_us, inplace=False, resolved=None, **extra):
+    algbw = nbytes / time_us / 1e3
+    return {"collective": collective, "algorithm": algorithm, "resolved": resolved,
+            "inplace": inplace, "bytes": nbytes, "count": nbytes // 4, "time_us": time_us,
+            "min_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw, "wrong": 0,
+            "speedup": None, **extra}
+
+
+def synthetic_run() -> dict:
+    """All-reduce on 2 ranks at 1 KiB and 2 MiB, broadcast at 1 KiB only:
+
+    large (2 MiB): ring 80 µs vs native 100 µs = 1.25x       -> met
+    auto: 10.5 µs vs ring 10 µs at 1 KiB (1.05x), 80 at 2 MiB -> met
+    small (1 KiB): auto 10.5 µs vs native 2.5 µs = 4.2x       -> missed by 40%
+    broadcast: no size >= 1 MiB                                -> not measured
+    """
+    rows = [
+        row("allreduce", "native", 1024, 2.5),
+        row("allreduce", "ring", 1024, 10.0),
+        row("allreduce", "naive", 1024, 30.0),
+        row("allreduce", "auto", 1024, 10.5, resolved="ring"),
+        row("allreduce", "native", 2 << 20, 100.0),
+        row("allreduce", "ring", 2 << 20, 80.0, mem_first_bytes=1 << 20, mem_steady_bytes=2048),
+        row("allreduce", "naive", 2 << 20, 300.0, mem_first_bytes=2 << 20,
+            mem_steady_bytes=2048),
+        row("allreduce", "auto", 2 << 20, 80.0, resolved="ring", mem_first_bytes=1 << 20,
+            mem_steady_bytes=2048),
+        row("bcast", "native", 1024, 2.0, inplace=None),
+        row("bcast", "binomial", 1024, 4.0, inplace=None),
+        row("bcast", "auto", 1024, 4.0, inplace=None, resolved="binomial"),
+    ]
+    return {"ranks": 2, "date": "2025-01-01T00:00:00+00:00", "cpu": "Test CPU", "cores": 2,
+            "host": "h", "platform": "p", "python": "3", "mpi_library": "MPICH Version: 5\nx",
+            "mpi_library_short": "MPICH Version: 5", "mpi4py": "4", "numpy": "2",
+            "dtype": "float32", "op": "sum", "min_bytes": 1024, "max_bytes": 2 << 20,
+            "iters": 5, "warmup": 1, "rows": rows}
+
+
+def test_targets_are_computed_from_the_rows():
+    groups = report.group(synthetic_run()["rows"])
+    large, auto, small = report.targets(groups["allreduce", False])
+    assert large["met"] is True and large["worst"] == pytest.approx(1.25)
+    assert large["at"] == 2 << 20
+    assert auto["met"] is True and auto["worst"] == pytest.approx(1.05) and auto["at"] == 1024
+    assert small["met"] is False and small["worst"] == pytest.approx(4.2)
+    assert "missed by 40%" in small["detail"]
+    bcast_large, bcast_auto, bcast_small = report.targets(groups["bcast", None])
+    assert bcast_large["met"] is None
+    assert bcast_auto["met"] is True and bcast_small["met"] is True
+
+
+def test_report_writes_the_page_and_plots(tmp_path):
+    data, img, out = tmp_path / "data", tmp_path / "img", tmp_path / "benchmarks.md"
+    data.mkdir()
+    (data / "collectives-n2.json").write_text(json.dumps(synthetic_run()))
+    (data / "overlap-n2.txt").write_text("mode step ms\nserial 1.0\n")
+    (data / "overlap-n2.json").write_text(json.dumps(
+        {"ranks": 2, "modes": {"serial": {"step_ms": 10.0},
+                               "overlap": {"step_ms": 8.0, "hidden_fraction": 0.5}}}))
+    notes = tmp_path / "notes.md"
+    notes.write_text("Small sizes miss because of Python call overhead.\n")
+    assert report.main(["--data", str(data), "--img", str(img), "--out", str(out),
+                        "--notes", str(notes), "--note", "preliminary"]) == 0
+    page = out.read_text()
+    assert (img / "collectives-n2.png").stat().st_size > 1000
+    assert "](img/collectives-n2.png)" in page and "](data/collectives-n2.json)" in page
+    assert "Test CPU, 2 cores" in page and "MPICH Version: 5" in page
+    assert "4 of 5 measured targets met" in page
+    assert "| 2 | all-reduce | out-of-place | ≤ 4 KiB: auto within 3x native latency | " \
+           "**missed** | worst at 1 KiB: auto 10.5 µs, native 2.5 µs = 4.2x (missed by 40%) |" \
+           in page
+    assert "| 2 | all-reduce | 2 MiB | 100 | ring | 1.25x | ring | 1.25x |" in page  # headline
+    assert "| 2 MiB | 524288 | 100.0 | 80.0 (1.25x) | 300.0 (0.33x) | 80.0 (1.25x) [ring] |" \
+           in page
+    assert "| 2 | all-reduce | out-of-place | ring | 2 MiB | 1 MiB | 0.50 | 2 KiB |" in page
+    assert "Python call overhead" in page and "> **preliminary**" in page
+    assert "overlap hides 50% of the communication" in page and "serial 1.0" in page
+    assert "0 wrong items" in page
