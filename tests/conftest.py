@@ -44,9 +44,12 @@ if IN_RANK:
         # Every rank is its own pytest session; with the default base folder they
         # would prune each other's /tmp/pytest-of-USER/pytest-N folders.
         if not config.option.basetemp:
+            import atexit
+            import shutil
             import tempfile
 
             config.option.basetemp = tempfile.mkdtemp(prefix="mpidp-rank-")
+            atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
 
     def _report_and_exit(config, nodeid: str, seconds: float) -> None:
         from mpi4py import MPI
