@@ -258,8 +258,7 @@ def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
             2, [*common, "--checkpoint", cut], timeout=120, capture=True)))
         job.start()
         assert _wait_for(lambda: os.path.exists(cut), 60), "no checkpoint was written"
-        victims = [pid for pid in cluster._live_pids(c.namespaces[1])
-                   if b"train_mlp" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        victims = _pids_of(c.namespaces[1], b"train_mlp")  # the rank on host 1
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         job.join()
@@ -310,18 +309,23 @@ def test_a_killed_run_is_cleaned_up_by_the_next():
     _clean()
 
 
+def _pids_of(ns: str, word: bytes, program: bool = False) -> list[int]:
+    """Live processes in namespace `ns` with `word` in their command line (or as it)."""
+    pids = []
+    for pid in cluster._live_pids(ns):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if (argv[0] == word) if program else any(word in arg for arg in argv):
+                pids.append(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
 def _sleeping(count: int) -> bool:
     """`count` ranks of `sleep` are running in our namespaces."""
-    found = 0
-    for ns in cluster.names()[0]:
-        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                  text=True).stdout.split():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found += f.read().split(b"\0")[0] == b"sleep"
-            except OSError:
-                pass
-    return found >= count
+    return sum(len(_pids_of(ns, b"sleep", program=True)) for ns in cluster.names()[0]) >= count
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="network namespaces are Linux-only")
