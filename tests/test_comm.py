@@ -1,0 +1,606 @@
+"""mpidp.Comm is a drop-in for an mpi4py communicator: one test body, two communicators.
+
+Every case runs first on ``MPI.COMM_WORLD`` (the MPI library's collectives: the
+oracle), then on ``mpidp.Comm(MPI.COMM_WORLD, algorithm=...)`` for every algorithm
+that `mpidp.ALGORITHMS` lists for the collective, read when the test runs. The
+user's buffers, send and receive, padding included, must come out identical.
+Data are small integers (in every dtype), so sums and products are exact and
+the order in which an algorithm combines them cannot change a bit.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.collectives.comm import Request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+mpi_1_to_8 = pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=120)
+
+PAD = 2  # items of padding around the data in the count/displacement forms
+SENTINEL = 77  # initial value of everything a collective must not (or did not yet) write
+FORMS = ("array", "typed", "count", "displ", "displ4", "memoryview", "array.array",
+         "bytes", "fortran", "code")
+
+
+# ---------------------------------------------------------------- the shared body
+
+@dataclass
+class Case:
+    collective: str  # Allreduce, Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast
+    count: int  # items per rank (Allreduce: the vector; *scatter*/Allgather: one block)
+    dtype: str = "f8"
+    op: str = "SUM"  # the name of an MPI.Op
+    form: str = "array"
+    in_place: bool = False
+    mode: str = "blocking"  # or "Wait": the I-form, then Wait(); "Test": poll Test()
+    root: int = 0
+    seed: int = 0
+    layout: str = "packed"  # Allgatherv recvbuf spec; Reduce_scatter: "given"/"gathered"
+    request: object = None  # mode "start": the request of the I-form
+
+    @property
+    def mpi_op(self) -> MPI.Op:
+        return getattr(MPI, self.op)
+
+    def __str__(self) -> str:
+        return (f"{self.collective}(count={self.count}, {self.dtype}, {self.op}, form={self.form}, "
+                f"in_place={self.in_place}, {self.mode}, root={self.root}, {self.layout})")
+
+
+def values(case: Case, count: int, rank: int, salt: int = 0) -> np.ndarray:
+    """This rank's input: small integers, so every reduction is exact in every dtype."""
+    rng = np.random.default_rng([case.seed, rank, salt])
+    dtype = np.dtype(case.dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(bool)
+    if case.op in ("LAND", "LOR", "LXOR"):
+        v = rng.integers(0, 3, count)  # zeros matter to logical ops
+    elif case.op in ("BAND", "BOR", "BXOR"):
+        v = rng.integers(0, 128, count)
+    elif case.op == "PROD":
+        v = rng.choice([1, 2] if dtype.kind == "u" else [1, -1, 2], count)
+    else:
+        v = rng.integers(0 if dtype.kind == "u" else -50, 50, count)
+    if dtype.kind == "c":
+        imag = rng.choice([0, 1], count) if case.op == "PROD" else rng.integers(-5, 5, count)
+        v = v + 1j * imag
+    return v.astype(dtype)
+
+
+def make(form: str, data: np.ndarray, count: int | None = None):
+    """A buffer spec of `form` holding `data`; returns (spec, the user's object behind it).
+
+    `count` is the count the spec states, where it states one (per block for an
+    Allgather recvbuf or a Reduce_scatter_block sendbuf; default: all of data).
+    """
+    count = data.size if count is None else count
+    mpi_type = MPI.Datatype.fromcode(data.dtype.char)  # MPI.DOUBLE, ...
+    pad = np.full(PAD, SENTINEL).astype(data.dtype)
+    if form == "typed":
+        return [data, mpi_type], data
+    if form == "code":
+        return [data, mpi_type.tocode()], data
+    if form == "count":  # the buffer is longer than the message
+        buf = np.concatenate([data, pad])
+        return [buf, count, mpi_type], buf
+    if form in ("displ", "displ4"):  # the message starts PAD items into the buffer
+        buf = np.concatenate([pad, data, pad])
+        return ([buf, (count, PAD), mpi_type] if form == "displ" else
+                [buf, count, PAD, mpi_type]), buf
+    if form == "memoryview":
+        return memoryview(data), data
+    if form == "array.array" and data.dtype.char in "bBhHiIlLqQfd":
+        buf = array.array(data.dtype.char, data.tobytes())
+        return buf, buf
+    if form == "bytes":  # raw bytes, reinterpreted through the datatype, as MPI does
+        buf = data.view(np.uint8)
+        return [buf, mpi_type], buf
+    if form == "fortran" and data.size % 2 == 0:
+        buf = np.empty((2, data.size // 2), data.dtype, order="F")
+        buf.reshape(-1, order="F")[...] = data
+        return buf, buf
+    return data, data
+
+
+def snap(obj, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """A copy of (part of) a user's buffer object, in memory order."""
+    return np.asarray(memoryview(obj)).reshape(-1, order="A")[start:stop].copy()
+
+
+def results(outputs: list[tuple]) -> list[np.ndarray]:
+    return [snap(*output) for output in outputs]
+
+
+def call(comm, case: Case, *args, **kwargs) -> None:
+    """The blocking collective, or its I-form completed by Wait() or by polling Test()."""
+    name = case.collective
+    if case.mode == "blocking":
+        getattr(comm, name)(*args, **kwargs)
+        return
+    request = getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)
+    if case.mode == "start":  # the caller completes it
+        case.request = request
+    elif case.mode == "Wait":
+        assert request.Wait() is True
+    else:
+        while not request.Test():
+            pass
+
+
+def run_case(comm, case: Case) -> list[tuple]:
+    """THE test body: run `case` on `comm`; return its user buffers, as (obj, start, stop).
+
+    `results` turns them into arrays once the collective is complete.
+    """
+    n, rank = comm.Get_size(), comm.Get_rank()
+    k, dtype = case.count, np.dtype(case.dtype)
+    empty = lambda size: np.full(size, SENTINEL).astype(dtype)  # noqa: E731
+    c = case.collective
+    if c == "Allreduce":
+        data = values(case, k, rank)
+        if case.in_place:
+            spec, buf = make(case.form, data)
+            call(comm, case, MPI.IN_PLACE, spec, op=case.mpi_op)
+            return [(buf, 0, None)]
+        sspec, sbuf = make(case.form, data)
+        rspec, rbuf = make(case.form, empty(k))
+        call(comm, case, sspec, rspec, op=case.mpi_op)
+        return [(sbuf, 0, None), (rbuf, 0, None)]
+    if c == "Reduce_scatter_block":
+        data = values(case, n * k, rank)
+        if case.in_place:  # result: the first k items; the rest is MPI's scratch
+            spec, buf = make(case.form, data, count=k)
+            call(comm, case, MPI.IN_PLACE, spec, op=case.mpi_op)
+            start = PAD if case.form.startswith("displ") else 0
+            return [(buf, start, start + k)]
+        sspec, sbuf = make(case.form, data, count=k)
+        rspec, rbuf = make(case.form, empty(k))
+        call(comm, case, sspec, rspec, op=case.mpi_op)
+        return [(sbuf, 0, None), (rbuf, 0, None)]
+    if c == "Reduce_scatter":
+        counts = [(r * 5 + k) % (k + 2) for r in range(n)]  # uneven, some zero
+        data = values(case, sum(counts), rank)
+        given = counts if case.layout == "given" or case.in_place else None
+        if case.in_place:
+            spec, buf = make(case.form, data)
+            call(comm, case, MPI.IN_PLACE, spec, given, op=case.mpi_op)
+            start = PAD if case.form.startswith("displ") else 0
+            return [(buf, start, start + counts[rank])]
+        sspec, sbuf = make(case.form, data)
+        rspec, rbuf = make(case.form, empty(counts[rank]))
+        call(comm, case, sspec, rspec, given, op=case.mpi_op)
+        return [(sbuf, 0, None), (rbuf, 0, None)]
+    if c == "Allgather":
+        if case.in_place:
+            full = empty(n * k)
+            full[rank * k : (rank + 1) * k] = values(case, k, rank)
+            spec, buf = make(case.form, full, count=k)
+            call(comm, case, MPI.IN_PLACE, spec)
+            return [(buf, 0, None)]
+        sspec, sbuf = make(case.form, values(case, k, rank))
+        rspec, rbuf = make(case.form, empty(n * k), count=k)
+        call(comm, case, sspec, rspec)
+        return [(sbuf, 0, None), (rbuf, 0, None)]
+    if c == "Allgatherv":
+        return run_allgatherv(comm, case)
+    if c == "Bcast":
+        data = values(case, k, case.root) if rank == case.root else empty(k)
+        spec, buf = make(case.form, data)
+        call(comm, case, spec, root=case.root)
+        return [(buf, 0, None)]
+    raise AssertionError(c)
+
+
+def run_allgatherv(comm, case: Case) -> list[tuple]:
+    """Allgatherv with the recvbuf spec forms of mpi4py's message_vector."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    k, dtype = case.count, np.dtype(case.dtype)
+    mpi_type = MPI.Datatype.fromcode(dtype.char)
+    counts = [(r * 3 + k) % (k + 2) for r in range(n)]  # uneven, some zero
+    if case.layout in ("equal", "strided"):
+        counts = [k] * n
+    displs = [sum(counts[:r]) for r in range(n)]
+    if case.layout == "reversed":  # blocks in reverse rank order, with gaps
+        displs = [sum(c + 1 for c in counts[r + 1 :]) for r in range(n)]
+    if case.layout == "strided":
+        displs = [(k + 1) * r for r in range(n)]
+    if case.layout == "inferred":  # no counts: mpi4py splits the buffer evenly
+        base, extra = divmod(n * k + n // 2, n)
+        counts = [base + (r < extra) for r in range(n)]
+        displs = [sum(counts[:r]) for r in range(n)]
+    size = max((d + c for d, c in zip(displs, counts, strict=True)), default=0) + PAD
+    recv = np.full(size, SENTINEL).astype(dtype)
+    mine = values(case, counts[rank], rank)
+    if case.in_place:
+        recv[displs[rank] : displs[rank] + counts[rank]] = mine
+    spec = {
+        "packed": [recv, counts, mpi_type],
+        "listed": [recv, counts, displs, mpi_type],
+        "reversed": [recv, (counts, displs), mpi_type],
+        "untyped": [recv, (counts, displs)],
+        "equal": [recv, k, mpi_type],
+        "strided": [recv, (k, k + 1), mpi_type],
+        "inferred": recv[: sum(counts)],
+    }[case.layout]
+    send = MPI.IN_PLACE if case.in_place else make(case.form, mine)[0]
+    call(comm, case, send, spec)
+    return [(recv, 0, None), (mine, 0, None)]
+
+
+def check_against_native(cases: list[Case], algorithm_key: str, all_algorithms=()) -> None:
+    """Run every case on the native comm, then on mpidp.Comm with each algorithm; compare."""
+    world = MPI.COMM_WORLD
+    for i, case in enumerate(cases):
+        case.seed = i
+        expected = results(run_case(world, case))
+        names = mpidp.ALGORITHMS[algorithm_key] if i in all_algorithms else ("auto",)
+        for name in names:
+            got = results(run_case(mpidp.Comm(world, algorithm={algorithm_key: name}), case))
+            for g, e in zip(got, expected, strict=True):
+                assert g.dtype == e.dtype and np.array_equal(g, e), (
+                    f"rank {world.Get_rank()} of {world.Get_size()}, algorithm {name!r}, "
+                    f"{case}:\n mpidp  {g}\n native {e}")
+
+
+# every (dtype, op) pair MPI defines, once each
+DTYPE_OPS = [
+    ("f8", "SUM"), ("f4", "SUM"), ("i4", "SUM"), ("i8", "SUM"), ("u1", "SUM"),
+    ("i1", "SUM"), ("i2", "SUM"), ("u8", "SUM"), ("c16", "SUM"), ("c8", "SUM"),
+    ("f8", "PROD"), ("f4", "PROD"), ("i4", "PROD"), ("u2", "PROD"), ("c16", "PROD"),
+    ("f8", "MAX"), ("i4", "MAX"), ("u2", "MAX"), ("i1", "MAX"),
+    ("f4", "MIN"), ("i8", "MIN"), ("u1", "MIN"),
+    ("?", "LAND"), ("?", "LOR"), ("?", "LXOR"), ("i4", "LAND"), ("u1", "LOR"),
+    ("i2", "LXOR"), ("i4", "BAND"), ("u1", "BOR"), ("i8", "BXOR"), ("u4", "BXOR"),
+]
+MODES = ("blocking", "Wait", "Test")
+
+
+def counts_for(n: int) -> list[int]:
+    """0, 1, fewer than N, not a multiple of N, a multiple of N, large-ish."""
+    return sorted({0, 1, max(n - 1, 1), 2 * n + 1, 3 * n, 1003})
+
+
+def sweep(collective: str, n: int, dtype_ops=DTYPE_OPS) -> tuple[list[Case], set[int]]:
+    """Cases for one collective: a count sweep for every algorithm, then dtypes x ops x forms.
+
+    Returns the cases and the indices of those to run with every algorithm.
+    """
+    cases = []
+    for count in counts_for(n):
+        for in_place in (False, True):
+            i = len(cases)
+            cases.append(Case(collective, count, form=FORMS[i % len(FORMS)], in_place=in_place,
+                              mode=MODES[i % 3]))
+    cases.append(Case(collective, 20011, in_place=True))  # a few hundred KiB
+    every_algorithm = set(range(len(cases)))
+    counts = counts_for(n)
+    for i, (dtype, op) in enumerate(dtype_ops):
+        cases.append(Case(collective, counts[i % len(counts)], dtype, op,
+                          form=FORMS[i % len(FORMS)], in_place=bool(i % 2), mode=MODES[i % 3]))
+    return cases, every_algorithm
+
+
+# ---------------------------------------------------------------- the oracle tests
+
+@mpi_1_to_8
+def test_reductions_match_native(mpi_ranks):
+    """Allreduce, Reduce_scatter_block, Reduce_scatter: every algorithm, dtype, op, form."""
+    n = mpi_ranks
+    cases, every = sweep("Allreduce", n)
+    check_against_native(cases, "allreduce", every)
+    cases, every = sweep("Reduce_scatter_block", n, DTYPE_OPS[::2])  # ops as Allreduce's
+    for i in range(9):  # recvcounts given, gathered (None), and in place
+        layout = "gathered" if i % 3 == 0 else "given"
+        dtype, op = DTYPE_OPS[(5 * i) % len(DTYPE_OPS)]
+        cases.append(Case("Reduce_scatter", i % 5, dtype, op, form=FORMS[i % len(FORMS)],
+                          in_place=i % 3 == 2, mode=MODES[i % 3], layout=layout))
+        every.add(len(cases) - 1)
+    check_against_native(cases, "reduce_scatter", every)
+
+
+@mpi_1_to_8
+def test_allgather_and_bcast_match_native(mpi_ranks):
+    """Allgather, Allgatherv (every recvbuf spec form), Bcast from every root."""
+    n = mpi_ranks
+    kinds = ("f8", "i4", "u1", "?", "c16", "i8")
+    cases = []
+    for count in counts_for(n):
+        for in_place in (False, True):
+            i = len(cases)
+            cases.append(Case("Allgather", count, kinds[i % 6], form=FORMS[i % len(FORMS)],
+                              in_place=in_place, mode=MODES[i % 3]))
+    layouts = ("packed", "listed", "reversed", "untyped", "equal", "strided", "inferred")
+    for i, layout in enumerate(layouts * 2):
+        cases.append(Case("Allgatherv", (i % 4) + (i // 7) * 5, kinds[i % 6], layout=layout,
+                          form=FORMS[i % len(FORMS)], in_place=i >= 7, mode=MODES[i % 3]))
+    check_against_native(cases, "allgather", set(range(len(cases))))
+    counts = counts_for(n)
+    cases = []
+    for root in range(n):  # every root, two counts each
+        for j in (root, root + 3):
+            i = len(cases)
+            cases.append(Case("Bcast", counts[j % len(counts)], kinds[i % 6],
+                              form=FORMS[i % len(FORMS)], root=root, mode=MODES[i % 3]))
+    cases.append(Case("Bcast", 100003, root=n - 1))
+    check_against_native(cases, "bcast", set(range(len(cases))))
+
+
+@pytest.mark.mpi(ranks=[1, 3, 4, 8], timeout=120)
+def test_many_nonblocking_collectives_in_flight(mpi_ranks):
+    """Seven I-collectives at once on one Comm (each its own tag), completed together."""
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    cases = [Case("Allreduce", 1003), Case("Reduce_scatter_block", 7, "i4"),
+             Case("Allgather", 5, "u1"), Case("Bcast", 9, root=n - 1),
+             Case("Allgatherv", 3, "i8", layout="listed"), Case("Allreduce", 1, "i4", "MAX"),
+             Case("Reduce_scatter", 3, layout="given")]
+    for i, case in enumerate(cases):
+        case.seed = i
+    expected = [results(run_case(world, case)) for case in cases]
+    for algorithm in ("auto", "ring"):
+        for waiter in ("Request.Waitall", "mpidp.waitall", "mixed", "Test"):
+            comm = mpidp.Comm(world, algorithm=algorithm)
+            outputs = []
+            for case in cases:
+                case.mode = "start"
+                outputs.append(run_case(comm, case))
+            requests = [case.request for case in cases]
+            if waiter == "Request.Waitall":
+                assert Request.Waitall(requests) is True
+            elif waiter == "mpidp.waitall":
+                mpidp.waitall(requests)
+            elif waiter == "Test":
+                while not Request.Testall(requests):
+                    pass
+            else:  # native requests in the same list: a message around the ring
+                token, inbox = np.array([rank], "i"), np.full(1, -1, "i")
+                ring = [world.Irecv(inbox, (rank - 1) % n, tag=7),
+                        world.Isend(token, (rank + 1) % n, tag=7)]
+                assert Request.Waitall(ring[:1] + requests + ring[1:]) is True
+                assert inbox[0] == (rank - 1) % n
+            assert all(r.Test() for r in requests) and all(r.Wait() for r in requests)
+            for case, output, want in zip(cases, outputs, expected, strict=True):
+                for g, e in zip(results(output), want, strict=True):
+                    assert np.array_equal(g, e), (algorithm, waiter, str(case), g, e)
+
+
+# ---------------------------------------------------------------- errors
+
+def errors_mpi4py_raises(n: int) -> list:
+    """Wrong arguments that mpi4py rejects before calling MPI: (what, exception, call)."""
+    x, y, t = np.arange(5.0), np.empty(5), MPI.DOUBLE
+    read_only = np.empty(5)
+    read_only.flags.writeable = False
+    cases = [
+        ("recvbuf shorter than sendbuf", ValueError, lambda c: c.Allreduce(x, np.empty(4))),
+        ("dtypes differ", ValueError, lambda c: c.Allreduce(x, np.empty(5, "f4"))),
+        ("a spec of five items", ValueError, lambda c: c.Allreduce(x, [y, 1, 2, 3, 4])),
+        ("negative count", ValueError, lambda c: c.Allreduce(x, [y, -1, t])),
+        ("displacement past the end", ValueError, lambda c: c.Allreduce(x, [y, (1, 9), t])),
+        ("recv count above send count", ValueError, lambda c: c.Allreduce(x, [y, 9, t])),
+        ("not a buffer", TypeError, lambda c: c.Allreduce(x, object())),
+        ("unknown type code", KeyError, lambda c: c.Allreduce(x, [y, "zz"])),
+        ("non-contiguous sendbuf", BufferError, lambda c: c.Allreduce(np.arange(10.0)[::2], y)),
+        ("read-only recvbuf", BufferError, lambda c: c.Allreduce(x, read_only)),
+        ("IN_PLACE Reduce_scatter without recvcounts", TypeError,
+         lambda c: c.Reduce_scatter(MPI.IN_PLACE, np.zeros(n))),
+        ("recvcounts of the wrong length", ValueError,
+         lambda c: c.Reduce_scatter(np.zeros(n + 1), np.zeros(1), [1] * (n + 1))),
+        ("sum(recvcounts) is not the send count", ValueError,
+         lambda c: c.Reduce_scatter(np.zeros(n + 1), np.zeros(1), [1] * n)),
+        ("recv count is not recvcounts[rank]", ValueError,
+         lambda c: c.Reduce_scatter(np.zeros(n), np.zeros(2), [1] * n)),
+        ("Reduce_scatter_block blocks differ", ValueError,
+         lambda c: c.Reduce_scatter_block(np.zeros(2 * n), np.zeros(3))),
+    ]
+    if n > 1:
+        cases += [
+            ("Allgather recvbuf not a multiple of N", ValueError,
+             lambda c: c.Allgather(np.zeros(1), np.zeros(n + 1))),
+            ("in-place Reduce_scatter_block recvbuf not a multiple of N", ValueError,
+             lambda c: c.Reduce_scatter_block(MPI.IN_PLACE, np.zeros(n + 1))),
+        ]
+    return cases
+
+
+def errors_mpidp_raises(n: int, derived: MPI.Datatype) -> list:
+    """Wrong or unsupported arguments that MPI would fail on, or compute garbage with."""
+    x, y, t = np.arange(5.0), np.empty(5), MPI.DOUBLE
+    return [
+        ("derived datatype", NotImplementedError, lambda c: c.Allreduce(x, [y, derived])),
+        ("pair datatype", NotImplementedError, lambda c: c.Bcast([np.zeros(4), MPI.DOUBLE_INT])),
+        ("MAXLOC", NotImplementedError, lambda c: c.Allreduce(x, y, op=MPI.MAXLOC)),
+        ("MAX of complex numbers", TypeError,
+         lambda c: c.Allreduce(np.ones(3, "c16"), np.ones(3, "c16"), op=MPI.MAX)),
+        ("SUM of booleans", TypeError, lambda c: c.Allreduce(np.ones(3, "?"), np.ones(3, "?"))),
+        ("object dtype", TypeError, lambda c: c.Bcast(np.array([1, None], dtype=object))),
+        ("root out of range", ValueError, lambda c: c.Bcast(x, root=n)),
+        ("count beyond the buffer", ValueError, lambda c: c.Allreduce(MPI.IN_PLACE, [y, 9, t])),
+        ("Allgather send count is not the block", ValueError,
+         lambda c: c.Allgather(np.zeros(2), np.zeros(3 * n))),
+        ("Allgatherv send count is not recvcounts[rank]", ValueError,
+         lambda c: c.Allgatherv(np.zeros(2), [np.zeros(n), [1] * n, t])),
+        ("Allgatherv displacement past the end", ValueError,
+         lambda c: c.Allgatherv(MPI.IN_PLACE, [np.zeros(n), [1] * n, [n] * n, t])),
+        ("unknown per-call algorithm", ValueError,
+         lambda c: c.Allreduce(x, y, algorithm="bogus")),
+    ]
+
+
+def expect(error: type, fails, comm, what: str) -> None:
+    try:
+        fails(comm)
+    except error:
+        return
+    except Exception as e:
+        raise AssertionError(f"{comm!r}, {what}: {type(e).__name__}({e}), "
+                             f"expected {error.__name__}") from e
+    raise AssertionError(f"{comm!r}, {what}: no error, expected {error.__name__}")
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=120)
+def test_errors_are_raised_before_any_message(mpi_ranks):
+    """Same exception as mpi4py where mpi4py raises one; a clear one where MPI would not."""
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    comm = mpidp.Comm(world)
+    for what, error, fails in errors_mpi4py_raises(n):
+        for c in (world, comm):
+            expect(error, fails, c, what)
+    derived = MPI.DOUBLE.Create_contiguous(1).Commit()
+    for what, error, fails in errors_mpidp_raises(n, derived):
+        expect(error, fails, comm, what)
+    derived.Free()
+    # debug=True: ranks that disagree on the count all raise, and say what each passed
+    if n > 1:
+        checked = mpidp.Comm(world, debug=True)
+        with pytest.raises(ValueError, match="disagree"):
+            checked.Allreduce(np.ones(rank + 1), np.empty(rank + 1))
+        x = np.ones(3)
+        checked.Allreduce(MPI.IN_PLACE, x)
+        assert (x == n).all()
+    # nothing was sent by a failed call, and the Comm still works
+    world.Barrier()
+    assert not world.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    x = np.full(3, rank, "i")
+    comm.Allreduce(MPI.IN_PLACE, x)
+    assert (x == n * (n - 1) // 2).all()
+
+
+def test_unknown_algorithm_names_the_valid_ones():
+    world = MPI.COMM_WORLD
+    for algorithm in ("ring", "auto", *(n for names in mpidp.ALGORITHMS.values() for n in names)):
+        mpidp.Comm(world, algorithm=algorithm)
+    mpidp.Comm(world, algorithm={c: names[0] for c, names in mpidp.ALGORITHMS.items()})
+    with pytest.raises(ValueError) as info:
+        mpidp.Comm(world, algorithm="fastest")
+    for names in mpidp.ALGORITHMS.values():
+        assert all(repr(name) in str(info.value) for name in names)
+    with pytest.raises(ValueError, match="collective"):
+        mpidp.Comm(world, algorithm={"alltoall": "ring"})
+    with pytest.raises(ValueError, match="bcast"):
+        mpidp.Comm(world, algorithm={"bcast": "ring"})
+    with pytest.raises(TypeError):
+        mpidp.Comm(world, algorithm=3)
+    with pytest.raises(ValueError):
+        mpidp.Comm(MPI.COMM_NULL)
+
+
+def test_requests_are_not_mpi4py_requests():
+    """MPI.Request.Waitall refuses mpidp's requests; Request.Waitall and mpidp.waitall take them."""
+    comm = mpidp.Comm(MPI.COMM_WORLD)
+    x, y = np.ones(4), np.empty(4)
+    requests = [comm.Iallreduce(x, y), comm.Ibcast(x)]
+    with pytest.raises(TypeError):
+        MPI.Request.Waitall(requests)
+    assert Request.Waitall(requests) is True
+    mpidp.waitall(requests)
+    assert mpidp.testall(requests) and Request.Testall(requests)
+    assert requests[0].Test() and requests[0].Wait() is True and requests[0].Get_status()
+    assert (y == x).all()
+
+
+# ---------------------------------------------------------------- everything else is MPI's
+
+class NoCollectives:
+    """A communicator whose own collectives fail: proves mpidp.Comm never calls them."""
+
+    COLLECTIVES = {"Allreduce", "Iallreduce", "Reduce_scatter", "Ireduce_scatter",
+                   "Reduce_scatter_block", "Ireduce_scatter_block", "Allgather", "Iallgather",
+                   "Allgatherv", "Iallgatherv", "Bcast", "Ibcast", "Barrier", "Reduce",
+                   "Gather", "Alltoall", "allreduce", "allgather", "bcast"}
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.tags = []  # the tag of every message sent or received
+
+    def __getattr__(self, name):
+        if name in self.COLLECTIVES:
+            raise AssertionError(f"mpidp.Comm called the wrapped comm's {name}")
+        return getattr(self.comm, name)
+
+    def Isend(self, buf, dest, tag=0):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        self.tags += [sendtag, recvtag]
+        return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+
+
+@pytest.mark.mpi(ranks=[1, 4], timeout=120)
+def test_everything_else_is_the_wrapped_communicators(mpi_ranks):
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    comm = mpidp.Comm(world, algorithm="ring")
+    assert not isinstance(comm, MPI.Comm) and comm == world
+    assert (comm.rank, comm.size, comm.Get_rank(), comm.Get_size()) == (rank, n, rank, n)
+    assert comm.Get_name() == world.Get_name() and comm.Is_inter() is False
+    # point-to-point and the pickle-based lower-case calls are mpi4py's
+    inbox = np.empty(1, "i")
+    comm.Sendrecv(np.array([rank], "i"), (rank + 1) % n, 3, inbox, (rank - 1) % n, 3)
+    assert inbox[0] == (rank - 1) % n
+    assert comm.allreduce(rank) == n * (n - 1) // 2 and comm.bcast("hi", root=0) == "hi"
+    comm.Barrier()
+    # new communicators come back wrapped, with the same algorithm
+    dup = comm.Dup()
+    half = comm.Split(rank % 2, rank)
+    assert isinstance(dup, mpidp.Comm) and isinstance(half, mpidp.Comm)
+    assert dup.algorithm == half.algorithm == "ring"
+    native_half = world.Split(rank % 2, rank)
+    x, y, z = np.arange(7.0) * rank, np.empty(7), np.empty(7)
+    half.Allreduce(x, y)
+    native_half.Allreduce(x, z)
+    assert np.array_equal(y, z)
+    dup.Allreduce(x, y)
+    assert np.array_equal(y, np.arange(7.0) * (n * (n - 1) // 2))
+    assert comm.Split(0 if rank == 0 else MPI.UNDEFINED) != MPI.COMM_NULL or rank != 0
+    assert comm.Split(MPI.UNDEFINED) == MPI.COMM_NULL
+    for c in (dup, half, native_half):
+        c.Free()
+    # the byte count of the ring all-reduce, through a counting comm: 2·G·(N-1)/N
+    counter = mpidp.CountingComm(world)
+    G = 8 * 4 * n  # bytes of gradient on each rank; N divides the count
+    mpidp.Comm(counter, algorithm="ring").Allreduce(np.ones(G // 8), np.empty(G // 8))
+    assert counter.bytes_sent == 2 * G * (n - 1) // n
+    # no collective of the wrapped comm is ever called; collective k uses tag TAG_BASE + k
+    spy = NoCollectives(world)
+    comm = mpidp.Comm(spy)
+    x, y = np.arange(2.0 * n), np.empty(2 * n)
+    comm.Allreduce(x, y)
+    with pytest.raises(ValueError):
+        comm.Allreduce(x, np.empty(1))  # a failed call takes no tag
+    mpidp.waitall([comm.Iallreduce(x, y), comm.Ireduce_scatter_block(x, y[:2]),
+                   comm.Iallgather(x[:2], y), comm.Iallgatherv(x[:2], y), comm.Ibcast(x),
+                   comm.Ireduce_scatter(x, y[:2], [2] * n)])
+    comm.Reduce_scatter(x, y[:2])  # recvcounts gathered first: one more collective
+    base, span = mpidp.collectives.api.TAG_BASE, mpidp.collectives.api.TAG_SPAN
+    tags = {tag for tag in spy.tags if tag < base + span}  # above: the cost model's calibration
+    assert tags == (set(range(base, base + 9)) if n > 1 else set())
+
+
+def test_dropin_example_agrees_with_the_mpi_library():
+    """examples/dropin.py under mpiexec -n 4: native and mpidp results, and their agreement."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ISOLATE_MPI_IS_FORKED"}
+    result = subprocess.run(
+        [mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "native" in out and "mpidp" in out, out
+    assert "all results agree" in out and "DIFFER" not in out, out
