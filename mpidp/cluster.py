@@ -329,6 +329,8 @@ class Cluster:
         Processes still alive in the hosts after mpiexec has returned (a proxy or
         rank cut off from it) are killed and listed in ``self.stragglers``.
         """
+        if not self.is_up:
+            raise ClusterError("the cluster is not up: use `with Cluster(...) as c` or c.up()")
         cmd = self.mpiexec_argv(np_, argv, **kw)
         self.timed_out = False
         out = subprocess.PIPE if capture else None
@@ -494,8 +496,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with cluster`: torn down as on Ctrl-C
+
+
 def main(args: list[str] | None = None) -> int:
     a = _parser().parse_args(args)
+    signal.signal(signal.SIGTERM, _terminate)
     if a.cmd == "bench-rank":
         bench_rank([float(v) for v in a.sizes.split(",")], a.iters, _rate_bps(
             None if a.rate == "none" else a.rate))

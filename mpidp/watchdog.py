@@ -124,6 +124,11 @@ def guard(timeout: float | None = None, what: str = "run", comm=None) -> Iterato
     dog = Dog(timeout_from_env() if timeout is None else timeout, what, comm)
     try:
         yield dog
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            dog.stop()
+            abort(f"{what} exited with status {e.code}", EXIT_ERROR, comm)
+        raise
     except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it
         dog.stop()
         traceback.print_exc()
