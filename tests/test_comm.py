@@ -510,6 +510,30 @@ def test_requests_are_not_mpi4py_requests():
     assert (y == x).all()
 
 
+def test_dlpack_and_duplicate_datatypes():
+    """One process: a DLPack-only object, and a duplicated predefined datatype."""
+
+    class DLPackOnly:  # exposes its memory through DLPack alone, not the buffer protocol
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __dlpack__(self, **kwargs):
+            return self.arr.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.arr.__dlpack_device__()
+
+    comm = mpidp.Comm(MPI.COMM_WORLD)
+    n = comm.Get_size()
+    y = np.zeros(3)
+    comm.Allreduce(DLPackOnly(np.arange(3.0)), DLPackOnly(y))
+    assert np.array_equal(y, np.arange(3.0) * n)
+    double = MPI.DOUBLE.Dup()
+    comm.Allreduce(MPI.IN_PLACE, [y, double])
+    assert np.array_equal(y, np.arange(3.0) * n * n)
+    double.Free()
+
+
 # ---------------------------------------------------------------- everything else is MPI's
 
 class NoCollectives:

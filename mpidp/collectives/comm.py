@@ -454,7 +454,7 @@ def _unpack(spec, vector: bool):
 def _typed(buf, datatype, what: str, writable: bool):
     """All of `buf` as a 1-D array of `datatype`'s items (buf's own dtype if None), no copy."""
     arr = _as_array(buf, what)
-    if writable and not arr.flags.writeable:
+    if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
         raise BufferError(f"{what} is not writable")
     if datatype is None:
         dtype = arr.dtype
@@ -523,6 +523,8 @@ def _to_dtype(datatype, what: str) -> np.dtype:
         raise TypeError(f"{what}: expecting an MPI.Datatype, not {type(datatype).__name__}")
     if datatype == MPI.DATATYPE_NULL:
         raise ValueError(f"{what}: MPI.DATATYPE_NULL is not a datatype of data")
+    while datatype.combiner == MPI.COMBINER_DUP:  # a duplicate is its base type
+        datatype = datatype.decode()[0]
     if not datatype.is_predefined:
         raise NotImplementedError(
             f"{what}: derived datatypes (contiguous, vector, indexed, struct, ...) are not "
