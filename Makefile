@@ -48,5 +48,28 @@ gpu-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples
 
+# `make bench`: the standard sweep on 2 and 4 ranks, then docs/benchmarks.md from its JSON.
+# Raw rows and the other subcommands' output go to docs/bench/, plots to docs/img/.
+# Override e.g. `make bench BENCH_RANKS=2 BENCH_MAX=1MiB BENCH_ARGS="--iters 5"`.
+bench: BENCH_RANKS ?= 2 4
+bench: BENCH_MAX ?= 64MiB
+bench: BENCH_ARGS ?=
+bench: BENCH_NOTE ?=
+bench: $(STAMP)
+	mkdir -p docs/bench docs/img
+	rm -f docs/bench/collectives-n* docs/bench/overlap-n* docs/bench/calibrate-n*
+	for n in $(BENCH_RANKS); do \
+	  mpiexec -n $$n $(PY) -m mpidp.bench collectives --max $(BENCH_MAX) $(BENCH_ARGS) \
+	    --json docs/bench/collectives-n$$n.json || exit 1; \
+	  if [ -f mpidp/bench/overlap.py ]; then \
+	    mpiexec -n $$n $(PY) -m mpidp.bench overlap --json docs/bench/overlap-n$$n.json \
+	      > docs/bench/overlap-n$$n.txt || exit 1; cat docs/bench/overlap-n$$n.txt; fi; \
+	  if [ -f mpidp/bench/calibrate.py ]; then \
+	    mpiexec -n $$n $(PY) -m mpidp.bench calibrate > docs/bench/calibrate-n$$n.txt || exit 1; \
+	    cat docs/bench/calibrate-n$$n.txt; fi; \
+	done
+	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
+	  --note "$(BENCH_NOTE)"
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -57,7 +57,7 @@ TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 FULL_ITERS_UP_TO = 1 << 20  # above this size the iteration counts halve per doubling
-MIN_ITERS = 3
+MIN_ITERS = 5
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -103,7 +103,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--op", default="sum", choices=sorted(MPI_OPS))
     p.add_argument("--iters", type=int, default=20,
-                   help="timed iterations up to 1 MiB, halved per doubling above (min 3)")
+                   help="timed iterations up to 1 MiB, halved per doubling above (min 5)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations (scaled alike)")
     p.add_argument("--inplace", default="both", choices=["off", "on", "both"],
                    help="out of place, in place, or both (broadcast has one buffer)")
@@ -409,6 +409,17 @@ def metadata(comm, args) -> dict:
     }
 
 
+def write_json(path: str, meta: dict, rows: list[dict]) -> None:
+    """Metadata, then ``rows``: one row a line (readable diffs), floats to 6 digits."""
+    def short(row: dict) -> dict:
+        return {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()}
+
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in meta.items()]
+    body = ",\n".join("  " + json.dumps(short(r)) for r in rows)
+    with open(path, "w") as f:
+        f.write("{\n" + "\n".join(lines) + '\n "rows": [\n' + body + "\n ]\n}\n")
+
+
 CSV_FIELDS = ("collective", "algorithm", "resolved", "inplace", "bytes", "count", "dtype",
               "ranks", "iters", "warmup", "time_us", "min_us", "algbw_gbps", "busbw_gbps",
               "speedup", "wrong", "mem_first_bytes", "mem_steady_bytes")
@@ -430,7 +441,7 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
-    fig, axes = plt.subplots(len(collectives), 2, figsize=(12, 3.6 * len(collectives)),
+    fig, axes = plt.subplots(len(collectives), 2, figsize=(11, 3.3 * len(collectives)),
                              squeeze=False)
     for (ax_bw, ax_t), collective in zip(axes, collectives, strict=True):
         mine = [r for r in rows if r["collective"] == collective]
@@ -455,7 +466,7 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     fig.suptitle(f"mpidp collectives vs {meta.get('mpi_library_short', 'MPI')} "
                  f"({meta.get('dtype')}, {meta.get('cpu')})", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
 
 
@@ -486,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"\n# {len(rows)} rows, {wrong} wrong items" + ("" if wrong == 0 else "  <-- ERRORS"))
     if rank == 0:
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({**meta, "rows": rows}, f, indent=1)
+            write_json(args.json, meta, rows)
         if args.csv:
             write_csv(args.csv, rows)
         if args.plot:

@@ -1,6 +1,6 @@
 """``python -m mpidp.bench.report``: write docs/benchmarks.md from the benchmarks' JSON files.
 
-    python -m mpidp.bench.report [--data docs/data] [--img docs/img] [--out docs/benchmarks.md]
+    python -m mpidp.bench.report [--data docs/bench] [--img docs/img] [--out docs/benchmarks.md]
 
 Reads ``collectives-n<N>.json`` (from ``python -m mpidp.bench collectives --json``)
 for every rank count found in ``--data``, and, where present, ``overlap-n<N>.txt`` /
@@ -138,7 +138,8 @@ def method(runs: list[dict]) -> list[str]:
         f"op {m.get('op')}, sizes doubling from {human(m.get('min_bytes', 8))} to "
         f"{human(m.get('max_bytes', 0))}. Per row: {m.get('warmup')} warm-up and "
         f"{m.get('iters')} timed iterations up to {human(m.get('full_iters_up_to', MIB))}, "
-        f"halved per doubling above (at least {m.get('min_iters', 3)} timed); a barrier "
+        f"halved per doubling above (at least {min(m.get('iters', 5), m.get('min_iters', 5))} "
+        "timed); a barrier "
         "before each iteration; an iteration's time is the slowest rank's; the tables show "
         "the median over iterations. Native is the MPI library's own call through mpi4py "
         "(`Allreduce`, `Reduce_scatter_block`, `Allgather`, `Bcast`), timed in the same run, "
@@ -363,7 +364,7 @@ def load_runs(data_dir: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="docs/data", help="where the JSON/text files are")
+    p.add_argument("--data", default="docs/bench", help="where the JSON/text files are")
     p.add_argument("--img", default="docs/img", help="where to draw the PNGs")
     p.add_argument("--out", default="docs/benchmarks.md")
     p.add_argument("--notes", default="docs/benchmarks-notes.md",
