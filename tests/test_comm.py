@@ -432,6 +432,8 @@ def errors_mpidp_raises(n: int, derived: MPI.Datatype) -> list:
          lambda c: c.Allgatherv(np.zeros(2), [np.zeros(n), [1] * n, t])),
         ("Allgatherv displacement past the end", ValueError,
          lambda c: c.Allgatherv(MPI.IN_PLACE, [np.zeros(n), [1] * n, [n] * n, t])),
+        ("the same buffer twice (MPI: aliased)", ValueError, lambda c: c.Allreduce(y, y)),
+        ("overlapping buffers", ValueError, lambda c: c.Allgather(y[:1], y[:n])),
         ("unknown per-call algorithm", ValueError,
          lambda c: c.Allreduce(x, y, algorithm="bogus")),
     ]

@@ -198,8 +198,6 @@ class Comm:
         if sendbuf is not IN_PLACE:
             send, scount = _simple(sendbuf, "sendbuf")
             _check_match(send, scount, recv, count)
-            if _same_memory(send, recv):  # mpi4py: the same buffer twice means in place
-                send = IN_PLACE
         return self._plan(api.plan_allreduce, "allreduce", algorithm, send, recv, op=op,
                           pool=self.pool)
 
@@ -212,8 +210,6 @@ class Comm:
             recv, count = _simple(recvbuf, "recvbuf", writable=True)
             send, scount = _simple(sendbuf, "sendbuf", blocks=n)
             _check_match(send, scount, recv, count)
-            if _same_memory(send, recv):
-                send, recv = IN_PLACE, send
         return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                           op=op, pool=self.pool)
 
@@ -237,12 +233,9 @@ class Comm:
         if total != sum(recvcounts):
             raise ValueError(f"mismatch in {'receive' if send is IN_PLACE else 'send'} "
                              f"count {total} and sum(recvcounts) {sum(recvcounts)}")
-        if send is not IN_PLACE:
-            if count != recvcounts[rank]:
-                raise ValueError(f"mismatch in receive count {count} and "
-                                 f"recvcounts[{rank}] {recvcounts[rank]}")
-            if _same_memory(send, recv):
-                send, recv = IN_PLACE, send
+        if send is not IN_PLACE and count != recvcounts[rank]:
+            raise ValueError(f"mismatch in receive count {count} and "
+                             f"recvcounts[{rank}] {recvcounts[rank]}")
         return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                           recvcounts=recvcounts, op=op, pool=self.pool)
 
@@ -548,15 +541,3 @@ def _check_match(send, scount: int, recv, rcount: int, rwhat: str = "receive cou
     if scount != rcount:
         raise ValueError(f"mismatch in send count {scount} and {rwhat} {rcount}")
 
-
-def _same_memory(send, recv) -> bool:
-    """True if both views start at the same address (mpi4py then runs the call in place)."""
-    if send.size == 0 or type(send) is not type(recv):
-        return False
-    return _address(send) == _address(recv)
-
-
-def _address(arr) -> int:
-    if isinstance(arr, np.ndarray):
-        return arr.__array_interface__["data"][0]
-    return arr.__cuda_array_interface__["data"][0]
