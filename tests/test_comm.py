@@ -335,7 +335,7 @@ def test_allgather_and_bcast_match_native(mpi_ranks):
     check_against_native(cases, "bcast", set(range(len(cases))))
 
 
-@pytest.mark.mpi(ranks=[1, 3, 4, 8], timeout=120)
+@pytest.mark.mpi(ranks=[3, 8], timeout=120)
 def test_many_nonblocking_collectives_in_flight(mpi_ranks):
     """Seven I-collectives at once on one Comm (each its own tag), completed together."""
     world = MPI.COMM_WORLD
