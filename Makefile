@@ -37,6 +37,9 @@ test: $(STAMP)
 demo: $(STAMP)
 	mpiexec -n $(NP) $(PY) examples/train_mlp.py
 
+dropin: $(STAMP)
+	mpiexec -n $(NP) $(PY) examples/dropin.py
+
 walkthrough: $(STAMP)
 	mpiexec -n $(NP) $(PY) examples/ring_walkthrough.py
 

@@ -14,14 +14,14 @@ from .api import (
 )
 from .blocks import Blocks
 from .buffers import ScratchPool
-from .comm import Comm
+from .comm import Comm, Request
 from .counting import CountingComm
 from .ops import AVG, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .schedule import Handle, testall, waitall
 
 __all__ = [
     "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "Handle", "IN_PLACE", "MAX", "MIN",
-    "OPS", "Op", "PROD", "SUM", "ScratchPool", "allgather", "allreduce", "bcast", "iallgather",
-    "iallreduce", "ibcast", "ireduce_scatter", "reduce_scatter", "resolve_op", "testall",
-    "waitall",
+    "OPS", "Op", "PROD", "Request", "SUM", "ScratchPool", "allgather", "allreduce", "bcast",
+    "iallgather", "iallreduce", "ibcast", "ireduce_scatter", "reduce_scatter", "resolve_op",
+    "testall", "waitall",
 ]

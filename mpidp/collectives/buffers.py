@@ -149,7 +149,7 @@ def check_buffer(arr, what: str, writable: bool = False) -> None:
         raise TypeError(f"{what} must be a NumPy or CuPy array, not {type(arr).__name__}")
     if not arr.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous (got strides {arr.strides})")
-    if writable and not arr.flags.writeable:
+    if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
         raise ValueError(f"{what} is read-only; the result cannot be written into it")
 
 

@@ -197,20 +197,25 @@ def done_handle() -> Handle:
     return Handle(None, iter(()), 0)
 
 
-def waitall(handles: Iterable[Handle]) -> None:
-    """Complete every handle. All ranks must pass their handles in the same order.
+def waitall(requests: Iterable) -> None:
+    """Complete every Handle (or mpi4py request). All ranks pass theirs in the same order.
 
-    Each pass advances every pending handle without blocking, then blocks on the
+    Each pass advances every pending one without blocking, then blocks on the
     first one still pending: a rank blocked on handle i has finished 0..i-1, so the
     peers it waits for are never blocked on it.
     """
-    pending = list(handles)
+    pending = list(requests)
     while pending:
-        pending = [h for h in pending if not h.test()]
+        pending = [r for r in pending if not _test(r)]
         if pending:
-            pending[0].wait()
+            pending[0].Wait()
 
 
-def testall(handles: Iterable[Handle]) -> bool:
-    """Advance every handle once; True if all are complete."""
-    return all([h.test() for h in handles])
+def testall(requests: Iterable) -> bool:
+    """Advance every Handle (or mpi4py request) once; True if all are complete."""
+    return all([_test(r) for r in requests])
+
+
+def _test(request) -> bool:
+    # MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
+    return request.test() if isinstance(request, Handle) else bool(request.Test())
