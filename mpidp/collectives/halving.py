@@ -50,8 +50,9 @@ Bytes sent per rank (what tests/test_halving.py asserts; b = one rank's block):
                      fold adds, for the odd rank of a pair, n//2 items before and
                      its partner's block after; the even rank sends n (two halves)
                      in 3 rounds. Rounds: log p, or log p + 3 for an odd one.
-    all-gather:      the even rank sends its block, the odd one all n after the
-                     loop; 2 extra rounds for the odd rank, 2 in all for the even.
+    all-gather:      n(p-1)/p (equal blocks, r = 0); in all, the loop sends (p-1)·n
+                     over all ranks; the even rank of a pair sends its block, the
+                     odd one all n after the loop; rounds log p, log p + 2, and 2.
     Rabenseifner:    2n(p-1)/p (p dividing n); the odd rank of a pair also n//2 + n,
                      the even one n; rounds 2 log p, 2 log p + 3, and 3.
     rec. doubling:   n log p; the odd rank of a pair also n, the even one n;
@@ -122,9 +123,14 @@ def halving_scratch(blocks: Blocks, n: int) -> int:
 
 
 def rabenseifner_scratch(blocks: Blocks) -> int:
-    """Scratch items for `rabenseifner_allreduce` of ``blocks.total`` items on len(blocks) ranks."""
-    n = len(blocks)
-    return halving_scratch(Blocks.even(blocks.total, fold(n)[0]), n)
+    """Scratch items for `rabenseifner_allreduce` of ``blocks.total`` items on len(blocks) ranks.
+
+    The main loop's first kept half of p equal blocks, the larger blocks first, is at
+    least half the vector, so it also covers the fold's half.
+    """
+    p = fold(len(blocks))[0]
+    base, extra = divmod(blocks.total, p)
+    return 0 if p == 1 else base * (p // 2) + min(extra, p // 2)
 
 
 def _fold_in(buf, op: Op, tmp, rank: int) -> Rounds:
