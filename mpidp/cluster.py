@@ -7,9 +7,9 @@ real TCP through a link as slow as a cluster's network::
 
         root namespace:            mpidpc-br  (bridge, no address)
                                   /     |     \\
-                      mpidpc-v0  mpidpc-v1  mpidpc-v2     tbf+netem on each (bridge -> host)
+                      mpidpc-v0  mpidpc-v1  mpidpc-v2     tbf (+netem) each (bridge -> host)
                           |          |          |
-     namespace mpidpc-h0: mpidp0   mpidpc-h1: mpidp0   ...  tbf+netem on each (host -> bridge)
+     namespace mpidpc-h0: mpidp0   mpidpc-h1: mpidp0   ...  tbf (+netem) each (host -> bridge)
                         10.77.0.1            10.77.0.2
 
 Only addresses of the subnet (default 10.77.0.0/24) are assigned, and only
@@ -18,8 +18,8 @@ traffic can leave for any other address. `mpiexec` (the mpich wheel's Hydra)
 runs in host 0; it starts a proxy on every host with a launcher script that
 Hydra believes is `ssh` and that does ``ip netns exec HOST ...``. The ranks
 use MPICH's libfabric TCP path (``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp``):
-the wheel's default UCX netmod finds the other ranks' shared memory (same
-machine, same boot id) and never touches the links.
+with the wheel's default UCX netmod, measured, not one byte crossed the links:
+UCX sees one machine and uses shared memory between the namespaces.
 
 Every object's name starts with ``mpidpc-`` (or the prefix you pass), and only
 such objects are ever deleted. `Cluster` tears everything down on exit, on an
