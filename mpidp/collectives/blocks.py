@@ -12,6 +12,7 @@ Every algorithm addresses its data through it.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import accumulate
 
 
@@ -33,6 +34,7 @@ class Blocks:
         self.total = sum(counts)
 
     @classmethod
+    @lru_cache(maxsize=256)  # Blocks are immutable: one object per (count, n) in use
     def even(cls, count: int, n: int) -> Blocks:
         """Split `count` items into `n` blocks whose sizes differ by at most one."""
         if n < 1:

@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 def array_module(arr):
     """`numpy` for host arrays, `cupy` for device arrays."""
-    if isinstance(arr, np.ndarray):
+    if type(arr) is np.ndarray or isinstance(arr, np.ndarray):
         return np
     if hasattr(arr, "__cuda_array_interface__"):
         import cupy
@@ -169,13 +169,12 @@ class ScratchPool:
 
     def take(self, like, count: int):
         """A 1-D scratch array of `count` items of like's dtype, on like's device."""
-        xp = array_module(like)
-        key = (xp.__name__, _device(like), like.dtype.str, count)
+        key = _key(like, count)
         with self._lock:
             free = self._free.get(key)
             if free:
                 return free.pop()
-        return xp.empty(count, dtype=like.dtype)
+        return array_module(like).empty(count, dtype=like.dtype)
 
     def take_host(self, like):
         """A host array to stage `like` through (pinned memory if `like` is on a GPU)."""
@@ -190,11 +189,8 @@ class ScratchPool:
         return host
 
     def give(self, arr) -> None:
-        xp = array_module(arr)
         with self._lock:
-            key = self._host_keys.pop(id(arr), None)
-        key = key or (xp.__name__, _device(arr), arr.dtype.str, arr.size)
-        with self._lock:
+            key = self._host_keys.pop(id(arr), None) or _key(arr, arr.size)
             free = self._free.setdefault(key, [])
             if len(free) < self.keep:
                 free.append(arr)
@@ -209,6 +205,10 @@ class ScratchPool:
             return sum(a.nbytes for free in self._free.values() for a in free)
 
 
-def _device(arr):
+def _key(arr, count: int) -> tuple:
+    """Pool key: (dtype, count) for host arrays; plus the device for GPU arrays."""
+    if type(arr) is np.ndarray:
+        return (arr.dtype, count)
     dev = getattr(arr, "device", None)
-    return getattr(dev, "id", None) if dev is not None and not isinstance(dev, str) else None
+    dev = getattr(dev, "id", None) if dev is not None and not isinstance(dev, str) else None
+    return (arr.dtype, count, array_module(arr).__name__, dev)

@@ -91,6 +91,9 @@ def resolve_op(op) -> Op:
             raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}") from None
     if isinstance(op, MPI.Op):
         for mpi_op, ours in _FROM_MPI:
+            if op is mpi_op:  # the common case: MPI.SUM itself, found without MPI calls
+                return ours
+        for mpi_op, ours in _FROM_MPI:
             if op == mpi_op:
                 return ours
         raise NotImplementedError(
