@@ -12,7 +12,6 @@
 Exits non-zero on any mismatch.
 """
 
-import os
 import sys
 import time
 
@@ -108,11 +107,11 @@ def bandwidth_table(comm, cp) -> None:
         x, y = cp.ones(count), cp.empty(count)
         row = [f"{nbytes:>10}", f"{timed(comm, lambda a=hx, b=hy: comm.Allreduce(a, b)):>16.1f}"]
         for _, staging in modes:
-            os.environ["MPIDP_STAGING"] = staging if staging == "1" else ""
+            buffers.set_staging(staging if staging == "1" else "")
             t = timed(comm, lambda a=x, b=y: mpidp.allreduce(comm, a, b, algorithm="ring"))
             busbw = nbytes * 2 * (n - 1) / n / (t * 1e-6) / 1e9 if n > 1 else 0.0
             row += [f"{t:>14.1f}", f"{busbw:>11.2f}"]
-        os.environ.pop("MPIDP_STAGING", None)
+        buffers.set_staging("")
         say(comm, " ".join(row))
 
 

@@ -6,7 +6,6 @@ engine does with device buffers, and MPIDP_STAGING=1 runs the staging code with
 NumPy buffers across ranks against MPI's own results.
 """
 
-import os
 import sys
 import types
 
@@ -100,7 +99,7 @@ def test_host_rounds_take_the_fast_path():
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=90)
 def test_staged_collectives_match_mpi(mpi_ranks):
     """MPIDP_STAGING=1: every message goes through host staging buffers."""
-    os.environ["MPIDP_STAGING"] = "1"
+    buffers.set_staging("1")  # what MPIDP_STAGING=1 does at import
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     schedule.STAGING_POOL.clear()
@@ -120,7 +119,7 @@ def test_staged_collectives_match_mpi(mpi_ranks):
         assert np.array_equal(b, np.arange(count, dtype=np.int32))
     if n > 1:
         assert schedule.STAGING_POOL.nbytes() > 0, "the staging path was not taken"
-    del os.environ["MPIDP_STAGING"]
+    buffers.set_staging("")
 
 
 @pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device (none on this "

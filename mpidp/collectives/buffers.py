@@ -106,11 +106,26 @@ def _mpi_library() -> str | None:
 
 # ---------------------------------------------------------------- host staging
 
+_STAGING_MODES = {"1": "all", "0": "off", "": "auto"}
+_staging = os.environ.get("MPIDP_STAGING", "")  # read once: os.environ costs ~1 µs a call
+
+
 def staging_mode() -> str:
     """'all' (MPIDP_STAGING=1), 'off' (MPIDP_STAGING=0) or 'auto' (device arrays,
-    where MPI is not CUDA-aware). Read at each plan, so tests can switch it."""
-    value = os.environ.get("MPIDP_STAGING", "")
-    return {"1": "all", "0": "off", "": "auto"}[value]
+    where MPI is not CUDA-aware). The variable is read at import; `set_staging`
+    changes the mode at run time."""
+    try:
+        return _STAGING_MODES[_staging]
+    except KeyError:
+        raise ValueError(f"MPIDP_STAGING must be 0, 1 or unset, not {_staging!r}") from None
+
+
+def set_staging(value: str) -> None:
+    """Set the staging mode as MPIDP_STAGING would: "1", "0" or "" (auto)."""
+    global _staging
+    if value not in _STAGING_MODES:
+        raise ValueError(f"staging must be '1', '0' or '', not {value!r}")
+    _staging = value
 
 
 def needs_staging(arr, mode: str) -> bool:
