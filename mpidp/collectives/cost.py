@@ -25,8 +25,10 @@ bytes (ring, Rabenseifner, scatter + all-gather).
 Calibration (`calibrate`) is collective: ranks pair up (rank ^ 1) and time
 rounds of one exchange at a few sizes through the schedule driver, with the
 comm's own point-to-point calls, which gives α (the smallest size) and β (the
-slope), each the fastest of three batches; each times a local numpy
-reduction for γ. The ranks then average their numbers with a tiny all-reduce, so
+slope), each the fastest of three batches; γ is the extra time of the same
+exchange when each round also sums what it received (freshly received data is
+cold in this core's cache: summing it costs several times a warm sum). The
+ranks then average their numbers with a tiny all-reduce, so
 every rank holds the same model and `best` makes the same choice on every rank:
 a rank that chose differently from the others would deadlock. It takes a few
 milliseconds, never runs on import, and is cached per communicator (as an MPI
@@ -134,41 +136,50 @@ def model(comm, tag: int) -> Model:
     return m
 
 
-def _exchanges(partner: int, send, recv, reps: int):
-    """`reps` rounds of one exchange with `partner`: what a round of a collective costs."""
+def _exchanges(partner: int, send, recv, reps: int, acc=None):
+    """`reps` rounds of one exchange with `partner`: what a round of a collective costs.
+
+    With `acc`, each round also adds what it received into `acc`, as a reduction
+    round does: data just written by another process is not in this core's cache,
+    and reducing it costs several times what the same sum costs on warm data.
+    """
     for _ in range(reps):
         yield [Send(send, partner), Recv(recv, partner)]
+        if acc is not None:
+            SUM(acc, recv.view(acc.dtype))
+
+
+def _fastest(comm, tag: int, make_rounds, reps: int) -> float:
+    """Seconds per round: the fastest of 3 batches (other processes only add time)."""
+    run(comm, make_rounds(1), tag)  # warm up
+    samples = []
+    for _ in range(3):
+        rounds = make_rounds(reps)
+        t0 = time.perf_counter()
+        run(comm, rounds, tag)
+        samples.append((time.perf_counter() - t0) / reps)
+    return min(samples)
 
 
 def calibrate(comm, tag: int) -> Model:
     """Measure α, β, γ on `comm` (collective: every rank must call it); all ranks get the same."""
     rank, n = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
-    mine = np.zeros(4)  # alpha, beta, gamma, 1 if I had a partner (so α, β stay 0 if not)
+    mine = np.zeros(4)  # alpha, beta, gamma, 1 if I had a partner (so they stay 0 if not)
     if partner < n:
         send, recv = np.zeros(SIZES[-1], np.uint8), np.empty(SIZES[-1], np.uint8)
         times = []
         for size, reps in zip(SIZES, REPS, strict=True):
-            rounds = _exchanges(partner, send[:size], recv[:size], reps)
-            run(comm, _exchanges(partner, send[:size], recv[:size], 1), tag)  # warm up
-            samples = []
-            for _ in range(3):  # the fastest of 3 batches: other processes only add time
-                t0 = time.perf_counter()
-                run(comm, rounds, tag)
-                samples.append((time.perf_counter() - t0) / reps)
-                rounds = _exchanges(partner, send[:size], recv[:size], reps)
-            times.append(min(samples))
+            times.append(_fastest(comm, tag, lambda r, k=size: _exchanges(
+                partner, send[:k], recv[:k], r), reps))
         beta = max((times[-1] - times[1]) / (SIZES[-1] - SIZES[1]), 1e-12)
-        mine[0], mine[1], mine[3] = max(times[0], 1e-7), beta, 1.0
-    acc, tmp = np.ones(1 << 17), np.ones(1 << 17)  # 1 MiB of float64
-    SUM(acc, tmp)
-    samples = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        SUM(acc, tmp)
-        samples.append(time.perf_counter() - t0)
-    mine[2] = min(samples) / acc.nbytes
+        size = SIZES[1]  # γ: the same exchange, plus the reduction of what arrived
+        acc = np.zeros(size // 4, np.float32)
+        with_sum = _fastest(comm, tag, lambda r: _exchanges(
+            partner, send[:size], recv[:size], r, acc), REPS[1])
+        gamma = max((with_sum - times[1]) / size, 1e-12)
+        mine[:] = max(times[0], 1e-7), beta, gamma, 1.0
     run(comm, recursive_doubling_allreduce(comm, mine, Blocks.even(4, n), SUM, np.empty(4)), tag)
-    if mine[3] == 0:  # a single rank: nothing to exchange, so no α and β measured
-        return Model(DEFAULT.alpha, DEFAULT.beta, float(mine[2]))
-    return Model(mine[0] / mine[3], mine[1] / mine[3], mine[2] / n)
+    if mine[3] == 0:  # a single rank: nothing exchanged, nothing measured
+        return DEFAULT
+    return Model(*(mine[:3] / mine[3]))
