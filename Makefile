@@ -5,8 +5,9 @@
 #              (mpi4py is then built against it: needs mpicc on PATH)
 
 PYTHON ?= python3
-VENV   ?= .venv
 MPI    ?= wheel
+# one venv per MPI choice, so that switching never reuses the other one's mpi4py
+VENV   ?= $(if $(filter system,$(MPI)),.venv-system,.venv)
 NP     ?= 4
 PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidp
+from mpidp import watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
 from mpidp.training.mlp import array_module, softmax_cross_entropy
@@ -151,67 +152,72 @@ def train(args: argparse.Namespace) -> int:
             checkpoint.save(args.checkpoint, model, opt, {**run_state, "epoch": epoch,
                                                           "step": step})
 
-    A, stop = args.accum_steps, False
-    for epoch in range(start_epoch, args.epochs):
-        batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
-        first = start_step if epoch == start_epoch else 0
-        # loss sum, correct, samples, forward s, backward s, exposed comm s, steps
-        stats = np.zeros(7)
-        bar = Progress(args.progress if rank == 0 else "never", sampler.steps_per_epoch,
-                       f"epoch {epoch + 1}")
-        t_epoch = time.perf_counter()
-        for step in range(first, sampler.steps_per_epoch):
-            for a in range(A):
-                idx = xp.asarray(batches[step, a])
-                x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
-                with ddp.no_sync() if a < A - 1 else nullcontext():
-                    t0 = time.perf_counter()
-                    logits = ddp.forward(x)  # (b, C)
-                    t1 = time.perf_counter()
-                    loss, dlogits = softmax_cross_entropy(logits, y)
-                    if A > 1:
-                        dlogits /= A  # the mean over A micro-batches of b = mean over A*b
-                    ddp.backward(dlogits)
-                stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
-                              t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
-            t2 = time.perf_counter()
-            opt.step()
-            if tracer is not None:
-                tracer.add("sgd", t2, time.perf_counter(), "optimizer")
-            stats[6] += 1
-            if args.debug:
-                ddp.check_replicas()
-            stop = args.max_steps and opt.steps >= args.max_steps
-            if stop or (args.checkpoint_every and opt.steps % args.checkpoint_every == 0):
-                save(epoch, step + 1)
-            bar.update(step + 1)
+    # MPIDP_TIMEOUT=S: a step that makes no progress for S seconds (a peer dead, a link
+    # down) ends the job with a message naming the rank, instead of hanging it
+    with watchdog.guard(None, "training") as dog:
+        A, stop = args.accum_steps, False
+        for epoch in range(start_epoch, args.epochs):
+            batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
+            first = start_step if epoch == start_epoch else 0
+            # loss sum, correct, samples, forward s, backward s, exposed comm s, steps
+            stats = np.zeros(7)
+            bar = Progress(args.progress if rank == 0 else "never", sampler.steps_per_epoch,
+                           f"epoch {epoch + 1}")
+            t_epoch = time.perf_counter()
+            for step in range(first, sampler.steps_per_epoch):
+                for a in range(A):
+                    idx = xp.asarray(batches[step, a])
+                    x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
+                    with ddp.no_sync() if a < A - 1 else nullcontext():
+                        t0 = time.perf_counter()
+                        logits = ddp.forward(x)  # (b, C)
+                        t1 = time.perf_counter()
+                        loss, dlogits = softmax_cross_entropy(logits, y)
+                        if A > 1:
+                            dlogits /= A  # the mean over A micro-batches of b = mean over A*b
+                        ddp.backward(dlogits)
+                    stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
+                                  t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
+                t2 = time.perf_counter()
+                opt.step()
+                dog.kick()
+                if tracer is not None:
+                    tracer.add("sgd", t2, time.perf_counter(), "optimizer")
+                stats[6] += 1
+                if args.debug:
+                    ddp.check_replicas()
+                stop = args.max_steps and opt.steps >= args.max_steps
+                if stop or (args.checkpoint_every and opt.steps % args.checkpoint_every == 0):
+                    save(epoch, step + 1)
+                bar.update(step + 1)
+                if stop:
+                    break
+            bar.close()
             if stop:
                 break
-        bar.close()
-        if stop:
-            break
-        elapsed = time.perf_counter() - t_epoch
-        correct = xp.asarray(0)
-        if len(y_test):
-            correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
-        totals = np.array([*stats, int(correct), len(y_test)], dtype=np.float64)
-        mpidp.allreduce(comm, mpidp.IN_PLACE, totals, op="sum")
-        save(epoch + 1, 0)
-        loss_sum, train_ok, seen, fwd, bwd, exposed, steps, test_ok, test_n = totals
-        per_step = 1e3 / max(steps, 1)  # seconds summed over ranks -> ms per step, rank average
-        row = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
-               "train_acc": train_ok / max(seen, 1), "test_acc": test_ok / max(test_n, 1),
-               "samples_per_s": seen / elapsed, "forward_ms": fwd * per_step,
-               "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
-               "epoch_s": elapsed, "ranks": size}
-        if rank == 0:
-            print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  train {row['train_acc']:.4f}"
-                  f"  test {row['test_acc']:.4f}  {row['samples_per_s']:8.0f} samples/s  "
-                  f"step ms: fwd {row['forward_ms']:.2f} bwd {row['backward_ms']:.2f} "
-                  f"comm {row['exposed_comm_ms']:.2f}", flush=True)
-            if metrics is not None:
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+            elapsed = time.perf_counter() - t_epoch
+            correct = xp.asarray(0)
+            if len(y_test):
+                correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
+            totals = np.array([*stats, int(correct), len(y_test)], dtype=np.float64)
+            mpidp.allreduce(comm, mpidp.IN_PLACE, totals, op="sum")
+            save(epoch + 1, 0)
+            loss_sum, train_ok, seen, fwd, bwd, exposed, steps, test_ok, test_n = totals
+            per_step = 1e3 / max(steps, 1)  # seconds summed over ranks -> ms per step, rank average
+            row = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
+                   "train_acc": train_ok / max(seen, 1), "test_acc": test_ok / max(test_n, 1),
+                   "samples_per_s": seen / elapsed, "forward_ms": fwd * per_step,
+                   "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
+                   "epoch_s": elapsed, "ranks": size}
+            if rank == 0:
+                print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  "
+                      f"train {row['train_acc']:.4f}  test {row['test_acc']:.4f}  "
+                      f"{row['samples_per_s']:8.0f} samples/s  "
+                      f"step ms: fwd {row['forward_ms']:.2f} bwd {row['backward_ms']:.2f} "
+                      f"comm {row['exposed_comm_ms']:.2f}", flush=True)
+                if metrics is not None:
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
     if tracer is not None:
         tracer.write(args.trace, comm)
         if rank == 0:

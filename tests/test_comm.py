@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -621,7 +622,8 @@ def test_everything_else_is_the_wrapped_communicators(mpi_ranks):
 
 def test_dropin_example_agrees_with_the_mpi_library():
     """examples/dropin.py under mpiexec -n 4: native and mpidp results, and their agreement."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
+                           + os.environ.get("PATH", ""))
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ISOLATE_MPI_IS_FORKED"}
     result = subprocess.run(
         [mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],

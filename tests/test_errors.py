@@ -66,6 +66,15 @@ def test_bad_input_is_refused_before_communication(case):
     assert text in str(err), f"{case}: message {err!r} lacks {text!r}"
 
 
+@pytest.mark.mpi(ranks=[3], timeout=60)
+def test_bad_input_is_refused_before_communication_on_3_ranks(mpi_ranks):
+    """The same table where the algorithms would send: nothing leaves any rank."""
+    for case, (call, exc_type, text) in sorted(BAD.items()):
+        err = _no_traffic(call)
+        assert isinstance(err, exc_type) and text in str(err), f"{case}: {err!r}"
+    MPI.COMM_WORLD.Barrier()
+
+
 @pytest.mark.mpi(ranks=[2, 3, 4], timeout=60)
 def test_bad_input_on_one_rank_raises_there(mpi_ranks):
     """Only rank 1 passes a bad buffer: it raises at once; the others are not entered."""

@@ -174,7 +174,10 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
     tmp = pool.take(work, scratch_items(blocks))
 
     def done():
-        out[...] = blocks.view(work, rank)  # in place: moves block `rank` to the front
+        mine = blocks.view(work, rank)
+        if in_place and 0 < blocks.displs[rank] < mine.size:  # overlapping move to the front
+            mine = mine.copy()
+        out[...] = mine  # in place: moves block `rank` to the front
         pool.give(tmp)
         if not in_place:
             pool.give(work)
@@ -215,7 +218,8 @@ def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
         raise ValueError(f"sendbuf has {sendbuf.size} items, recvcounts[{rank}] is "
                          f"{blocks.counts[rank]}")
     buf = recvbuf.reshape(-1)
-    algorithm = choose(comm, "allgather", buf.nbytes, algorithm)
+    # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
+    algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
     if debug:
         _agree(comm, "allgather", tag, blocks.counts, blocks.displs, buf.dtype, algorithm)
     if not in_place:

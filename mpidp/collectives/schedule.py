@@ -168,13 +168,21 @@ class Handle:
         self._reqs = post(self._comm, round_, self._tag)
 
     def test(self) -> bool:
-        """Complete every round that is ready and post the next; True when all are done."""
-        with self._lock:
+        """Complete every round that is ready and post the next; True when all are done.
+
+        If another thread (a progress thread) is advancing this handle right now,
+        return False at once instead of waiting for its reduction to finish.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             while not self.done:
                 if self._reqs and not MPI.Request.Testall(self._reqs):
                     return False
                 self._advance()
             return True
+        finally:
+            self._lock.release()
 
     def wait(self) -> None:
         """Block until the collective is complete."""
