@@ -171,3 +171,16 @@ def test_report_writes_the_page_and_plots(tmp_path):
     assert "Python call overhead" in page and "> **preliminary**" in page
     assert "overlap hides 50% of the communication" in page and "serial 1.0" in page
     assert "0 wrong items" in page
+
+
+def test_report_updates_the_readme_headline_between_its_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold numbers\n{report.README_END}\nend\n")
+    assert report.update_readme(str(readme), [synthetic_run()])
+    text = readme.read_text()
+    assert "old numbers" not in text and text.startswith("intro\n") and text.endswith("end\n")
+    assert "| ranks | collective |" in text and "measured targets met" in text
+    plain = tmp_path / "OTHER.md"
+    plain.write_text("no markers\n")
+    assert not report.update_readme(str(plain), [synthetic_run()])
+    assert plain.read_text() == "no markers\n"

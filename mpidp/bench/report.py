@@ -361,6 +361,27 @@ def load_runs(data_dir: str) -> list[dict]:
     return runs
 
 
+README_BEGIN, README_END = "<!-- bench-headline -->", "<!-- /bench-headline -->"
+
+
+def update_readme(path: str, runs: list[dict]) -> bool:
+    """Put the headline table and the targets count between the README's markers."""
+    with open(path) as f:
+        text = f.read()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    _, met, total = target_table(runs)
+    table = headline(runs)[4:]  # the table rows, without the page's heading and intro
+    block = [README_BEGIN, *table,
+             f"{met} of {total} measured targets met; the page says which, by how much, "
+             "and why.", README_END]
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + "\n".join(block) + tail)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -370,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--notes", default="docs/benchmarks-notes.md",
                    help="hand-written analysis included verbatim, if the file exists")
     p.add_argument("--note", default="", help="a banner line at the top (e.g. 'preliminary')")
+    p.add_argument("--readme", default="", help=f"update the headline between {README_BEGIN} "
+                   f"and {README_END} in this file")
     args = p.parse_args(argv)
     runs = load_runs(args.data)
     if not runs:
@@ -391,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     _, met, total = target_table(runs)
     print(f"wrote {args.out} ({met} of {total} measured targets met) and "
           f"{len(images)} plot(s) in {args.img}")
+    if args.readme and update_readme(args.readme, runs):
+        print(f"updated the headline in {args.readme}")
     return 0
 
 
