@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from . import cost
 from .blocks import Blocks
-from .buffers import ScratchPool, array_module, check_buffer, sync
+from .buffers import ScratchPool, array_module, check_buffer, staging_mode, sync
 from .halving import (
     halving_scratch,
     rabenseifner_allreduce,
@@ -98,12 +98,19 @@ class Plan(NamedTuple):
     rounds: object
     tag: int
     on_done: object = None
+    mode: str | None = None  # staging mode; "host": NumPy buffers, nothing to stage
 
     def start(self) -> Handle:
-        return Handle(self.comm, self.rounds, self.tag, self.on_done)
+        return Handle(self.comm, self.rounds, self.tag, self.on_done, self.mode)
 
     def run(self) -> None:
-        run(self.comm, self.rounds, self.tag, self.on_done)
+        run(self.comm, self.rounds, self.tag, self.on_done, self.mode)
+
+
+def _mode(buf) -> str:
+    """The staging mode for a collective on `buf`, decided once per call."""
+    mode = staging_mode()
+    return "host" if mode == "auto" and type(buf) is np.ndarray else mode
 
 
 def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", *,
@@ -125,7 +132,7 @@ def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", 
     pool = POOL if pool is None else pool
     tmp = pool.take(buf, scratch_items(blocks))
     sync(buf)
-    return Plan(comm, algo(comm, buf, blocks, op, tmp), tag, lambda: pool.give(tmp))
+    return Plan(comm, algo(comm, buf, blocks, op, tmp), tag, lambda: pool.give(tmp), _mode(buf))
 
 
 def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
@@ -150,10 +157,11 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
         if in_place and full.size % n:
             raise ValueError(f"in-place reduce_scatter_block: recvbuf size {full.size} "
                              f"is not a multiple of the {n} ranks")
-        recvcounts = [full.size // n if in_place else recvbuf.size] * n
-    if len(recvcounts) != n:
+        blocks = Blocks.equal(full.size // n if in_place else recvbuf.size, n)
+    elif len(recvcounts) != n:
         raise ValueError(f"recvcounts has {len(recvcounts)} entries for {n} ranks")
-    blocks = Blocks(recvcounts)
+    else:
+        blocks = Blocks(recvcounts)
     if full.size != blocks.total:
         raise ValueError(f"{'recvbuf' if in_place else 'sendbuf'} has {full.size} items, "
                          f"the recvcounts add up to {blocks.total}")
@@ -183,7 +191,7 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             pool.give(work)
 
     sync(work)
-    return Plan(comm, algo(comm, work, blocks, op, tmp), tag, done)
+    return Plan(comm, algo(comm, work, blocks, op, tmp), tag, done, _mode(work))
 
 
 def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
@@ -208,10 +216,13 @@ def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
         if in_place and recvbuf.size % n:
             raise ValueError(f"in-place allgather: recvbuf size {recvbuf.size} "
                              f"is not a multiple of the {n} ranks")
-        recvcounts = [recvbuf.size // n if in_place else sendbuf.size] * n
+        recvcounts = Blocks.equal(recvbuf.size // n if in_place else sendbuf.size, n).counts
     if len(recvcounts) != n or (displs is not None and len(displs) != n):
         raise ValueError(f"need one recvcount (and displ) per rank, {n} ranks")
-    blocks = Blocks(recvcounts, displs)
+    if displs is None and len(set(recvcounts)) == 1:
+        blocks = Blocks.equal(recvcounts[0], n)  # cached: the common MPI_Allgather case
+    else:
+        blocks = Blocks(recvcounts, displs)
     if recvbuf.size < blocks.extent:
         raise ValueError(f"recvbuf has {recvbuf.size} items, the blocks need {blocks.extent}")
     if not in_place and sendbuf.size != blocks.counts[rank]:
@@ -225,7 +236,7 @@ def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
     if not in_place:
         array_module(buf).copyto(blocks.view(buf, rank), sendbuf.reshape(-1))
     sync(buf)
-    return Plan(comm, ALLGATHER[algorithm](comm, buf, blocks), tag)
+    return Plan(comm, ALLGATHER[algorithm](comm, buf, blocks), tag, None, _mode(buf))
 
 
 def plan_bcast(comm, buf, root: int = 0, algorithm: str = "auto", *,
@@ -240,7 +251,7 @@ def plan_bcast(comm, buf, root: int = 0, algorithm: str = "auto", *,
     if debug:
         _agree(comm, "bcast", tag, flat.size, flat.dtype, algorithm, root)
     sync(flat)
-    return Plan(comm, BCAST[algorithm](comm, flat, root), tag)
+    return Plan(comm, BCAST[algorithm](comm, flat, root), tag, None, _mode(flat))
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:

@@ -44,6 +44,12 @@ class Blocks:
         base, extra = divmod(count, n)
         return cls(base + 1 if i < extra else base for i in range(n))
 
+    @classmethod
+    @lru_cache(maxsize=256)
+    def equal(cls, count: int, n: int) -> Blocks:
+        """`n` blocks of `count` items each (``MPI_Reduce_scatter_block``, ``MPI_Allgather``)."""
+        return cls((count,) * n)
+
     def __len__(self) -> int:
         return len(self.counts)
 

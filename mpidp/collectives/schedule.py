@@ -65,7 +65,7 @@ def stage(round_: Round, mode: str) -> tuple[Round, Callable[[], None] | None]:
     pointers (or MPIDP_STAGING=1), swap each buffer for a host copy: sends are
     copied out now, receives copied back by the finisher once the round is done.
     """
-    if all(type(m.buf) is np.ndarray for m in round_) and mode != "all":
+    if mode == "host" or (mode != "all" and all(type(m.buf) is np.ndarray for m in round_)):
         return round_, None  # the common case: host arrays, nothing to do
     if any(is_device(m.buf) for m in round_):
         sync(next(m.buf for m in round_ if is_device(m.buf)))
@@ -113,9 +113,15 @@ def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
         finish()
 
 
-def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None) -> int:
-    """Run a schedule to completion (the blocking collective); return its round count."""
-    mode = staging_mode()
+def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
+        mode: str | None = None) -> int:
+    """Run a schedule to completion (the blocking collective); return its round count.
+
+    Args:
+        mode: the staging mode (`buffers.staging_mode`), or "host": every buffer is a
+            NumPy array and nothing is staged (the plan knows; saves a check per round).
+    """
+    mode = staging_mode() if mode is None else mode
     count = 0
     for round_ in rounds:
         exchange(comm, round_, tag, mode)
@@ -139,11 +145,11 @@ class Handle:
                  "done", "rounds")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
-                 on_done: Callable[[], None] | None = None):
+                 on_done: Callable[[], None] | None = None, mode: str | None = None):
         self._comm, self._tag, self._rounds, self._on_done = comm, tag, rounds, on_done
         self._reqs: list = []
         self._finish = None  # copies staged receives back once the round is done
-        self._mode = staging_mode()
+        self._mode = staging_mode() if mode is None else mode
         self._lock = threading.Lock()  # test() may race with a progress thread
         self.done = False
         self.rounds = 0  # rounds posted so far (the α term of the cost model)

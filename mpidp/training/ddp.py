@@ -248,14 +248,13 @@ class DataParallel:
                             tid=1 + b.index, bytes=int(b.flat.nbytes))
 
     def _finish(self) -> None:
-        """Complete every bucket, in launch order (as `mpidp.waitall`), noting when each ends."""
-        pending = list(self.buckets)
-        while pending:
+        """Complete every bucket, noting when each ends.
+
+        Poll them all rather than block on one: a blocked wait advances only that
+        bucket's rounds, and the others would sit idle behind it.
+        """
+        while any(b.completed is None for b in self.buckets):
             self._progress()
-            pending = [b for b in pending if b.completed is None]
-            if pending:
-                pending[0].handle.wait()
-                self._done(pending[0])
 
     def _progress_loop(self) -> None:
         while not self._stop:
