@@ -89,6 +89,26 @@ if IN_RANK:
             faulthandler.cancel_dump_traceback_later()
 
 
+@pytest.fixture
+def shared_dir():
+    """A fresh folder made by rank 0 and known to every rank of the job.
+
+    Not pytest's tmp_path: each rank is its own pytest session, with its own.
+    """
+    import shutil
+    import tempfile
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None
+    folder = comm.bcast(folder, root=0)
+    yield folder
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     """Every multi-rank test must carry a timeout: refuse to run one without."""
     for item in items:

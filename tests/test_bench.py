@@ -11,8 +11,6 @@ construction.
 import csv
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -25,18 +23,6 @@ from mpidp.collectives import api
 ROW_KEYS = {"collective", "algorithm", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
             "min_us", "count", "inplace", "speedup", "resolved"}
 META_KEYS = {"date", "cpu", "cores", "mpi_library", "mpi4py", "numpy", "ranks", "rows"}
-
-
-@pytest.fixture
-def shared_dir():
-    """A folder made by rank 0 and known to every rank (tmp_path is per rank)."""
-    comm = MPI.COMM_WORLD
-    folder = tempfile.mkdtemp(prefix="mpidp-bench-") if comm.Get_rank() == 0 else None
-    folder = comm.bcast(folder, root=0)
-    yield folder
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)

@@ -3,8 +3,6 @@
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import zipfile
 
 import numpy as np
@@ -15,22 +13,6 @@ from mpidp.training import MLP, SGD, softmax_cross_entropy
 from mpidp.training.checkpoint import CheckpointError, load, read, save
 
 HERE = os.path.dirname(__file__)
-
-
-@pytest.fixture
-def shared_dir():
-    """A fresh folder made by rank 0 and known to every rank of the job.
-
-    Not pytest's tmp_path: each rank is its own pytest session with its own, and
-    concurrent sessions prune each other's numbered tmp folders.
-    """
-    comm = MPI.COMM_WORLD
-    folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None
-    folder = comm.bcast(folder, root=0)
-    yield folder
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def trainer():

@@ -239,6 +239,35 @@ def test_a_rank_killed_mid_collective_ends_every_rank(tmp_path, cleanup):
 
 
 @needs_cluster
+def test_training_with_a_host_cut_off_ends_every_rank(tmp_path):
+    """examples/train_mlp.py under MPIDP_TIMEOUT: a link lost mid-training ends the job
+    with the watchdog's message, within a bounded time, and leaves no process behind."""
+    train = os.path.join(os.path.dirname(HERE), "examples", "train_mlp.py")
+    ckpt = str(tmp_path / "run.npz")
+    argv = [sys.executable, train, "--epochs", "200", "--progress", "never",
+            "--checkpoint", ckpt, "--checkpoint-every", "5"]
+    with cluster.Cluster(2, rate="20mbit") as c:
+        result = {}
+        job = threading.Thread(target=lambda: result.update(r=c.run(
+            2, argv, timeout=120, capture=True, env={"MPIDP_TIMEOUT": str(WATCHDOG_S)})))
+        job.start()
+        started = _wait_for(lambda: os.path.exists(ckpt), 60)  # training is under way
+        cut_at = time.monotonic()
+        c.link(1, "down")
+        job.join()
+        elapsed = time.monotonic() - cut_at
+        stragglers, timed_out = c.stragglers, c.timed_out
+    _clean()
+    r = result["r"]
+    report = f"{r.stdout}\n{r.stderr}"
+    assert started, "no checkpoint within 60 s: training never got going\n" + report
+    assert r.returncode != 0 and not timed_out, report
+    assert elapsed < WATCHDOG_S + 25, f"took {elapsed:.0f} s after the cut\n{report}"
+    assert "made no progress" in report, report
+    assert not stragglers, f"processes outlived the job: {stragglers}\n{report}"
+
+
+@needs_cluster
 def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
     """Kill a rank mid-training across hosts; resuming from the last checkpoint ends
     with bitwise the same parameters as a run that was never interrupted."""

@@ -2,8 +2,6 @@
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -11,22 +9,6 @@ from mpi4py import MPI
 
 from mpidp import trace
 from mpidp.training import MLP, DataParallel, softmax_cross_entropy
-
-
-@pytest.fixture
-def shared_dir():
-    """A fresh folder made by rank 0 and known to every rank of the job.
-
-    Not pytest's tmp_path: each rank is its own pytest session with its own, and
-    concurrent sessions prune each other's numbered tmp folders.
-    """
-    comm = MPI.COMM_WORLD
-    folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None
-    folder = comm.bcast(folder, root=0)
-    yield folder
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_tracer_writes_chrome_trace_events(tmp_path):
