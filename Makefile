@@ -67,6 +67,7 @@ bench: $(STAMP)
 	    --json docs/bench/collectives-n$$n.json || exit 1; \
 	  if [ -f mpidp/bench/overlap.py ]; then \
 	    mpiexec -n $$n $(PY) -m mpidp.bench overlap --json docs/bench/overlap-n$$n.json \
+	      --plot docs/img/overlap-n$$n.png \
 	      > docs/bench/overlap-n$$n.txt || exit 1; cat docs/bench/overlap-n$$n.txt; fi; \
 	  if [ -f mpidp/bench/calibrate.py ]; then \
 	    mpiexec -n $$n $(PY) -m mpidp.bench calibrate > docs/bench/calibrate-n$$n.txt || exit 1; \

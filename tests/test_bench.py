@@ -170,3 +170,26 @@ def test_report_updates_the_readme_headline_between_its_markers(tmp_path):
     plain.write_text("no markers\n")
     assert not report.update_readme(str(plain), [synthetic_run()])
     assert plain.read_text() == "no markers\n"
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+def test_overlap_benchmark_writes_every_output(mpi_ranks, shared_dir):
+    from mpidp.bench import overlap
+
+    out = {k: os.path.join(shared_dir, f"overlap.{k}") for k in ("json", "csv", "png")}
+    assert overlap.main(["--hidden", "32,32", "--features", "16", "--batch", "8",
+                         "--steps", "3", "--warmup", "1", "--json", out["json"],
+                         "--csv", out["csv"], "--plot", out["png"]]) == 0
+    MPI.COMM_WORLD.Barrier()
+    with open(out["json"]) as f:
+        summary = json.load(f)
+    assert summary["ranks"] == 2
+    assert set(summary["modes"]) == {"compute", "serial", "overlap", "overlap+thread"}
+    for mode in ("overlap", "overlap+thread"):
+        e = summary["modes"][mode]
+        assert "hidden_fraction" in e and len(e["buckets"]) == 3  # one bucket per layer
+        assert all(b["complete_ms"] >= b["launch_ms"] >= 0 for b in e["buckets"])
+    with open(out["csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["mode"] for r in rows] == list(summary["modes"])
+    assert os.path.getsize(out["png"]) > 1000

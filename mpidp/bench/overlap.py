@@ -54,6 +54,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--json", metavar="FILE", help="also write the figures here (rank 0)")
+    p.add_argument("--csv", metavar="FILE", help="one row per mode (rank 0)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="step time per mode, and each bucket's launch..complete span (rank 0)")
     p.add_argument("--blas-threads", type=int, default=1,
                    help="BLAS threads per rank (1: ranks share the node's cores fairly)")
     return p.parse_args(argv)
@@ -132,7 +135,56 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f, indent=1)
+        if args.csv:
+            write_csv(summary, args.csv)
+        if args.plot:
+            plot(summary, args.plot)
     return 0
+
+
+def write_csv(s: dict, path: str) -> None:
+    """One row per mode: the table `report` prints."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ranks", "mode", "step_ms", "backward_ms", "exposed_comm_ms",
+                    "hidden_fraction"])
+        for mode, e in s["modes"].items():
+            w.writerow([s["ranks"], mode, f"{e['step_ms']:.4f}", f"{e['backward_ms']:.4f}",
+                        f"{e['exposed_comm_ms']:.4f}", e.get("hidden_fraction", "")])
+
+
+def plot(s: dict, path: str) -> None:
+    """Left: median step time per mode. Right: each bucket's all-reduce, launch to
+    completion, against the backward pass (one row per bucket, one colour per mode)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(s["modes"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    left.bar(modes, [s["modes"][m]["step_ms"] for m in modes], color="tab:gray")
+    left.set_ylabel("median step (ms)")
+    left.set_title(f"{s['ranks']} ranks, step time")
+    left.tick_params(axis="x", rotation=20)
+    for i, mode in enumerate(m for m in modes if "buckets" in s["modes"][m]):
+        e = s["modes"][mode]
+        for b in e["buckets"]:
+            y = b["bucket"] + 0.25 * i
+            right.plot([b["launch_ms"], b["complete_ms"]], [y, y], lw=4, color=f"C{i}",
+                       label=mode if b["bucket"] == 0 else None)
+        right.axvline(e["backward_ms"], color=f"C{i}", ls=":", lw=1)
+    right.set_xlabel("ms after backward starts (dotted: backward ends)")
+    right.set_ylabel("bucket")
+    right.set_yticks(range(max((len(s["modes"][m].get("buckets", [])) for m in modes),
+                               default=0)))
+    right.set_title("bucket all-reduce: launch to completion")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def report(s: dict) -> None:
