@@ -61,6 +61,8 @@ REDUCE_SCATTER = {
     "recursive_halving": (recursive_halving_reduce_scatter,
                           lambda blocks: halving_scratch(blocks, len(blocks))),
 }
+# all-reduces that take the input as `src` (read, never written) instead of a copy in recvbuf
+READS_SENDBUF = {"ring", "rabenseifner", "recursive_doubling"}
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
@@ -123,16 +125,23 @@ def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", 
     algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
     if debug:
         _agree(comm, "allreduce", tag, buf.size, buf.dtype, op, algorithm)
+    n = comm.Get_size()
+    src = None  # out of place, these algorithms read sendbuf where it is: no copy
     if sendbuf is not IN_PLACE:
-        array_module(buf).copyto(buf, sendbuf.reshape(-1))
+        if algorithm in READS_SENDBUF and n > 1:
+            src = sendbuf.reshape(-1)
+        else:
+            array_module(buf).copyto(buf, sendbuf.reshape(-1))
     if buf.size == 0:
         return Plan(comm, iter(()), tag)
-    blocks = Blocks.even(buf.size, comm.Get_size())
+    blocks = Blocks.even(buf.size, n)
     algo, scratch_items = ALLREDUCE[algorithm]
     pool = POOL if pool is None else pool
     tmp = pool.take(buf, scratch_items(blocks))
     sync(buf)
-    return Plan(comm, algo(comm, buf, blocks, op, tmp), tag, lambda: pool.give(tmp), _mode(buf))
+    rounds = algo(comm, buf, blocks, op, tmp) if src is None else algo(comm, buf, blocks, op,
+                                                                        tmp, src)
+    return Plan(comm, rounds, tag, lambda: pool.give(tmp), _mode(buf))
 
 
 def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,

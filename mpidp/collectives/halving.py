@@ -133,22 +133,29 @@ def rabenseifner_scratch(blocks: Blocks) -> int:
     return 0 if p == 1 else base * (p // 2) + min(extra, p // 2)
 
 
-def _fold_in(buf, op: Op, tmp, rank: int) -> Rounds:
-    """Ranks 2i, 2i+1 each reduce half of the vector; the even one hands its half over."""
+def _fold_in(buf, op: Op, tmp, rank: int, src) -> Rounds:
+    """Ranks 2i, 2i+1 each reduce half of the vector; the even one hands its half over.
+
+    `src` is the input (`buf` itself in place); the results go to `buf`.
+    """
     half = buf.size // 2
     lower, upper = buf[:half], buf[half:]
     if rank % 2 == 0:
-        yield [Send(upper, rank + 1), Recv(tmp[:half], rank + 1)]
-        op(lower, tmp[:half])
+        yield [Send(src[half:], rank + 1), Recv(tmp[:half], rank + 1)]
+        op(lower, tmp[:half], src[:half])
         yield [Send(lower, rank + 1)]
     else:
-        yield [Send(lower, rank - 1), Recv(tmp[: upper.size], rank - 1)]
-        op(upper, tmp[: upper.size])
+        yield [Send(src[:half], rank - 1), Recv(tmp[: upper.size], rank - 1)]
+        op(upper, tmp[: upper.size], src[half:])
         yield [Recv(lower, rank - 1)]  # the even rank's reduced half, taken as is
 
 
-def _halving(comm, buf, blocks: Blocks, op: Op, tmp, p: int, r: int) -> Rounds:
-    """Main loop of recursive halving among p virtual ranks; ends with my virtual block reduced."""
+def _halving(comm, buf, blocks: Blocks, op: Op, tmp, p: int, r: int, src=None) -> Rounds:
+    """Main loop of recursive halving among p virtual ranks; ends with my virtual block reduced.
+
+    `src`: the input if it is not in `buf` (read in the first step only; buf gets the sums).
+    """
+    src = buf if src is None else src
     vrank = virtual(comm.Get_rank(), r)
     lo, hi = 0, p  # the virtual blocks I am still reducing
     mask = p >> 1
@@ -159,11 +166,12 @@ def _halving(comm, buf, blocks: Blocks, op: Op, tmp, p: int, r: int) -> Rounds:
             send_lo, send_hi, lo = lo, mid, mid
         else:
             send_lo, send_hi, hi = mid, hi, mid
-        send_block = buf[blocks.span(_edge(send_lo, p, blocks), _edge(send_hi, p, blocks))]
-        keep = buf[blocks.span(_edge(lo, p, blocks), _edge(hi, p, blocks))]
-        recv = tmp[: keep.size]
+        send_block = src[blocks.span(_edge(send_lo, p, blocks), _edge(send_hi, p, blocks))]
+        kept = blocks.span(_edge(lo, p, blocks), _edge(hi, p, blocks))
+        recv = tmp[: buf[kept].size]
         yield [Send(send_block, partner), Recv(recv, partner)]
-        op(keep, recv)  # my half += the partner's copy of it
+        op(buf[kept], recv, src[kept])  # my half += the partner's copy of it
+        src = buf  # from the second step on, everything I send or add is in buf
         mask >>= 1
 
 
@@ -192,7 +200,7 @@ def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp) -> 
     rank, n = comm.Get_rank(), comm.Get_size()
     p, r = fold(n)
     if rank < 2 * r:
-        yield from _fold_in(buf, op, tmp, rank)
+        yield from _fold_in(buf, op, tmp, rank, buf)
         if rank % 2 == 0:  # idle until my partner sends my finished block
             yield [Recv(blocks.view(buf, rank), rank + 1)]
             return
@@ -219,49 +227,58 @@ def recursive_doubling_allgather(comm, buf, blocks: Blocks) -> Rounds:
         yield [Send(v, rank - 1) for v in everything]
 
 
-def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
-    """All-reduce `buf` in place: recursive halving, then recursive doubling, on p equal blocks.
+def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+    """All-reduce into `buf`: recursive halving, then recursive doubling, on p equal blocks.
 
     Args:
         blocks: ignored; the main loop splits the vector into p = 2^floor(log2 n) blocks.
         tmp: scratch of ``rabenseifner_scratch(blocks)`` items (about half the vector).
+        src: the input, if it is not in `buf` (out of place, N > 1): read, never
+            written; every item of `buf` is written by a sum or a receive, so the
+            input is never copied.
     """
     rank, n = comm.Get_rank(), comm.Get_size()
     p, r = fold(n)
+    src = buf if src is None else src
     if rank < 2 * r:
-        yield from _fold_in(buf, op, tmp, rank)
+        yield from _fold_in(buf, op, tmp, rank, src)
         if rank % 2 == 0:  # idle until my partner sends the result
             yield [Recv(buf, rank + 1)]
             return
+        src = buf  # the pair's data is in buf now
     vblocks = Blocks.even(buf.size, p)
-    yield from _halving(comm, buf, vblocks, op, tmp, p, r)
+    yield from _halving(comm, buf, vblocks, op, tmp, p, r, src)
     op.finish(vblocks.view(buf, virtual(rank, r)), n)
     yield from _doubling(comm, buf, vblocks, p, r)
     if rank < 2 * r:
         yield [Send(buf, rank - 1)]
 
 
-def recursive_doubling_allreduce(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
-    """All-reduce `buf` in place: swap the whole vector with partner rank ^ mask, log p rounds.
+def recursive_doubling_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+    """All-reduce into `buf`: swap the whole vector with partner rank ^ mask, log p rounds.
 
     Args:
         tmp: scratch of ``buf.size`` items, the partner's vector.
+        src: the input, if it is not in `buf` (out of place, N > 1); read, never written.
     """
     rank, n = comm.Get_rank(), comm.Get_size()
     p, r = fold(n)
+    src = buf if src is None else src
     if rank < 2 * r and rank % 2 == 0:  # extra rank: hand my vector over, get the result back
-        yield [Send(buf, rank + 1)]
+        yield [Send(src, rank + 1)]
         yield [Recv(buf, rank + 1)]
         return
     if rank < 2 * r:
         yield [Recv(tmp, rank - 1)]
-        op(buf, tmp)
+        op(buf, tmp, src)
+        src = buf
     vrank = virtual(rank, r)
     mask = 1
     while mask < p:
         partner = real(vrank ^ mask, r)
-        yield [Send(buf, partner), Recv(tmp, partner)]
-        op(buf, tmp)  # both partners compute the same sum: a + b == b + a bit for bit
+        yield [Send(src, partner), Recv(tmp, partner)]
+        op(buf, tmp, src)  # both partners compute the same sum: a + b == b + a bit for bit
+        src = buf
         mask <<= 1
     op.finish(buf, n)
     if rank < 2 * r:

@@ -30,9 +30,9 @@ class Op:
     kinds: str
     divide: bool = False  # AVG: divide by the number of ranks when the sum is complete
 
-    def __call__(self, acc, tmp) -> None:
-        """acc = acc ⊕ tmp, in place."""
-        getattr(_xp(acc), self.ufunc)(acc, tmp, out=acc)
+    def __call__(self, acc, tmp, src=None) -> None:
+        """acc = acc ⊕ tmp, in place; with `src`, acc = src ⊕ tmp (acc's old value unused)."""
+        getattr(_xp(acc), self.ufunc)(acc if src is None else src, tmp, out=acc)
 
     def finish(self, block, n: int) -> None:
         """Turn a fully reduced block into the result (AVG divides by n; others do nothing)."""

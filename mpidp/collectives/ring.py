@@ -30,7 +30,10 @@ All-gather: in step s, rank r sends block (r - s) and receives block
           1  |  3 / 2 |  0 / 3 |  1 / 0 |  2 / 1
           2  |  2 / 1 |  3 / 2 |  0 / 3 |  1 / 0
 
-All-reduce = reduce-scatter, then all-gather, on the same buffer.
+All-reduce = reduce-scatter, then all-gather, on the same buffer. Out of place,
+step 0 sends my own block straight from sendbuf and each sum is written as
+recvbuf = sendbuf + incoming, so the input is never copied: every item of recvbuf
+is written once, by a sum or (all-gather) by a receive.
 
 Cost (n bytes, p ranks; α per message, β per byte, γ per reduced byte): each
 half sends and receives n(p-1)/p bytes per rank in p - 1 steps, so
@@ -51,21 +54,25 @@ from .ops import Op
 from .schedule import Recv, Rounds, Send
 
 
-def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
+def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
     """Reduce `buf` over all ranks, in place; block `rank` of `buf` ends complete.
 
     Args:
         buf: the whole vector on this rank; other blocks are left partly reduced.
         tmp: scratch of at least ``blocks.max`` items, the incoming block.
+        src: the input, if it is not in `buf` (out of place, N > 1): it is read,
+            never written, and `buf` gets only sums, so no copy of it is made.
     """
     rank, n = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % n, (rank - 1) % n
+    src = buf if src is None else src
     for step in range(n - 1):
         send_block = (rank - step - 1) % n
         recv_block = (rank - step - 2) % n
+        send = blocks.view(src if step == 0 else buf, send_block)  # step 0: my own data
         recv = tmp[: blocks.counts[recv_block]]
-        yield [Send(blocks.view(buf, send_block), right), Recv(recv, left)]
-        op(blocks.view(buf, recv_block), recv)  # my block += the partial sum from the left
+        yield [Send(send, right), Recv(recv, left)]
+        op(blocks.view(buf, recv_block), recv, blocks.view(src, recv_block))  # mine + partial
     op.finish(blocks.view(buf, rank), n)
 
 
@@ -79,7 +86,7 @@ def ring_allgather(comm, buf, blocks: Blocks) -> Rounds:
         yield [Send(blocks.view(buf, send_block), right), Recv(blocks.view(buf, recv_block), left)]
 
 
-def ring_allreduce(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
-    """All-reduce `buf` in place: ring reduce-scatter, then ring all-gather."""
-    yield from ring_reduce_scatter(comm, buf, blocks, op, tmp)
+def ring_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+    """All-reduce into `buf`: ring reduce-scatter, then ring all-gather (`src`: as above)."""
+    yield from ring_reduce_scatter(comm, buf, blocks, op, tmp, src)
     yield from ring_allgather(comm, buf, blocks)
