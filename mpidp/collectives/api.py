@@ -154,8 +154,9 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             blocks of ``recvbuf.size`` items (``MPI_Reduce_scatter_block``; with
             IN_PLACE, ``recvbuf.size / N``).
         sendbuf: the whole vector, or IN_PLACE: the vector is in recvbuf, and the
-            result is written to its start, as in MPI. Out of place, the reduction
-            runs in a pooled copy of sendbuf, since MPI forbids writing sendbuf.
+            result is written to its start, as in MPI. Out of place, the partial
+            sums go to a pooled work vector (MPI forbids writing sendbuf), and
+            sendbuf is read where it is, not copied.
     """
     op = resolve_op(op)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -182,11 +183,15 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
         _agree(comm, "reduce_scatter", tag, blocks.counts, full.dtype, op, algorithm)
     pool = POOL if pool is None else pool
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
+    src = None
     if in_place:
         work = recvbuf.reshape(-1)
-    else:
+    else:  # the partial sums need a whole vector: a pooled one, reused across calls
         work = pool.take(full, full.size)
-        array_module(work).copyto(work, full.reshape(-1))
+        if n > 1:
+            src = full.reshape(-1)  # read where it is: the algorithms never write it
+        else:
+            array_module(work).copyto(work, full.reshape(-1))
     algo, scratch_items = REDUCE_SCATTER[algorithm]
     tmp = pool.take(work, scratch_items(blocks))
 
@@ -200,7 +205,9 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             pool.give(work)
 
     sync(work)
-    return Plan(comm, algo(comm, work, blocks, op, tmp), tag, done, _mode(work))
+    rounds = algo(comm, work, blocks, op, tmp) if src is None else algo(comm, work, blocks, op,
+                                                                         tmp, src)
+    return Plan(comm, rounds, tag, done, _mode(work))
 
 
 def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,

@@ -190,21 +190,25 @@ def _doubling(comm, buf, blocks: Blocks, p: int, r: int) -> Rounds:
         mask <<= 1
 
 
-def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
+def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp,
+                                     src=None) -> Rounds:
     """Reduce `buf` over all ranks in place; block `rank` ends complete.
 
     Args:
         blocks: packed blocks, one per rank (equal, or MPI_Reduce_scatter's recvcounts).
         tmp: scratch of ``halving_scratch(blocks, n)`` items (about half the vector).
+        src: the input, if it is not in `buf` (out of place, N > 1): read, never written.
     """
     rank, n = comm.Get_rank(), comm.Get_size()
     p, r = fold(n)
+    src = buf if src is None else src
     if rank < 2 * r:
-        yield from _fold_in(buf, op, tmp, rank, buf)
+        yield from _fold_in(buf, op, tmp, rank, src)
         if rank % 2 == 0:  # idle until my partner sends my finished block
             yield [Recv(blocks.view(buf, rank), rank + 1)]
             return
-    yield from _halving(comm, buf, blocks, op, tmp, p, r)
+        src = buf  # the pair's data is in buf now
+    yield from _halving(comm, buf, blocks, op, tmp, p, r, src)
     vrank = virtual(rank, r)
     op.finish(buf[blocks.span(_edge(vrank, p, blocks), _edge(vrank + 1, p, blocks))], n)
     if rank < 2 * r:
