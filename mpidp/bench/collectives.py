@@ -11,9 +11,10 @@ library's own call through mpi4py ("native") and every mpidp algorithm of
 Method (as nccl-tests and the OSU micro-benchmarks):
 
 - buffers are allocated once, at the largest size; each size uses views of them;
-- per row: warm-up iterations, then timed ones; each iteration starts at a
-  barrier, its time is the slowest rank's; the table shows the median and the
-  minimum over the timed iterations;
+- per size: warm-up iterations, then timed ones; an iteration runs native and
+  every algorithm once each, in turn (so a disturbance hits them alike), each
+  call starting at a barrier, its time the slowest rank's; the table shows the
+  median and the minimum over the timed iterations;
 - every result, warm-up included, is compared with the native result for the
   same input (inputs are small integers, so the answer is exact in any
   summation order); ``#wrong`` counts the wrong items over all ranks and
@@ -212,22 +213,31 @@ def takes_pool(collective: str) -> bool:
     return "pool" in inspect.signature(plan).parameters
 
 
-def time_row(case: Case, call, warmup: int, iters: int) -> tuple[list[float], int]:
-    """Per-iteration times (the slowest rank's) and the wrong items over all ranks."""
+def time_rows(case: Case, calls: dict, warmup: int, iters: int) -> dict:
+    """{name: (per-iteration times, the slowest rank's; wrong items over all ranks)}.
+
+    Interleaved: iteration i runs every call once, native included, so that a
+    disturbance lasting a while (another process taking a core for a few ms)
+    slows every algorithm of the row alike instead of one of them.
+    """
     comm = case.comm
-    times = np.zeros(iters)
-    wrong = 0
+    times = {name: np.zeros(iters) for name in calls}
+    wrong = dict.fromkeys(calls, 0)
     for i in range(warmup + iters):
-        case.prepare()
-        comm.Barrier()
-        t0 = time.perf_counter()
-        call()
-        t = time.perf_counter() - t0
-        wrong += case.wrong()
-        if i >= warmup:
-            times[i - warmup] = t
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # an iteration lasts as its slowest rank
-    return times.tolist(), comm.allreduce(wrong, op=MPI.SUM)
+        for name, call in calls.items():
+            case.prepare()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            call()
+            t = time.perf_counter() - t0
+            wrong[name] += case.wrong()
+            if i >= warmup:
+                times[name][i - warmup] = t
+    out = {}
+    for name in calls:
+        comm.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)  # as long as the slowest rank
+        out[name] = (times[name].tolist(), comm.allreduce(wrong[name], op=MPI.SUM))
+    return out
 
 
 def peak_memory(case: Case, call) -> int:
@@ -295,13 +305,13 @@ def sweep(comm, args, log) -> list[dict]:
                 case.setup()
                 warmup, iters = iterations(nbytes, args.iters, args.warmup)
                 native_us = None
+                calls = {"native": case.native()}
+                calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
+                measured = time_rows(case, calls, warmup, iters)
                 for algorithm in ("native", *algorithms):
-                    if algorithm == "native":
-                        call, resolved = case.native(), None
-                    else:
-                        resolved = api.choose(comm, collective, count * dtype.itemsize, algorithm)
-                        call = case.mpidp(algorithm)
-                    times, wrong = time_row(case, call, warmup, iters)
+                    resolved = None if algorithm == "native" else api.choose(
+                        comm, collective, count * dtype.itemsize, algorithm)
+                    times, wrong = measured[algorithm]
                     row = make_row(collective, algorithm, resolved, inplace, count, dtype,
                                    n, times, wrong, warmup)
                     if algorithm == "native":
@@ -482,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{meta['cpu']}, {meta['cores']} cores")
     log(f"# iterations: {args.warmup} warm-up + {args.iters} timed per size up to "
         f"{human(FULL_ITERS_UP_TO)}, halved per doubling above (at least 1 + "
-        f"{min(args.iters, MIN_ITERS)}); a barrier before each")
+        f"{min(args.iters, MIN_ITERS)}); each iteration runs every algorithm once, "
+        "in turn, a barrier before each call")
     log("# time: slowest rank per iteration, median (and min) over iterations; "
         "busbw = algbw x (all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, bcast 1)")
     log("# vs native: native time / this time (>1: faster than the MPI library); "
