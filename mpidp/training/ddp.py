@@ -38,6 +38,7 @@ all N·b samples, which is the 1-rank gradient (up to summation order).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -255,6 +256,7 @@ class DataParallel:
         """
         while any(b.completed is None for b in self.buckets):
             self._progress()
+            os.sched_yield()  # oversubscribed ranks: let the peer we wait for run
 
     def _progress_loop(self) -> None:
         while not self._stop:
