@@ -16,20 +16,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from mpidp.bench.collectives import human, parse_size
 from mpidp.collectives import ALGORITHMS, api, cost
-
-
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    text = text.strip().lower().removesuffix("ib").removesuffix("b")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
-def _fmt(nbytes: int) -> str:
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift} {unit}"
-    return f"{nbytes} B"
 
 
 def _reps(nbytes: int, reps: int | None) -> int:
@@ -63,7 +51,7 @@ def measure(comm, nbytes: int, names, reps: int) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpidp.bench calibrate")
-    parser.add_argument("--max", type=_size, default=16 << 20, help="largest size (16MiB)")
+    parser.add_argument("--max", type=parse_size, default=16 << 20, help="largest size (16MiB)")
     parser.add_argument("--reps", type=int, default=None, help="timed calls per size")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -96,7 +84,7 @@ def main(argv: list[str]) -> int:
             predicted = {a: cost.predict(model, "allreduce", a, nbytes, n) for a in fixed}
             cells = [f"{t[a] * 1e6:.0f} ({predicted[a] * 1e6:.0f})" for a in fixed]
             best = min(t[a] for a in fixed)
-            print(f"| {_fmt(nbytes)} | " + " | ".join(cells) + f" | {t['native'] * 1e6:.0f} | "
+            print(f"| {human(nbytes)} | " + " | ".join(cells) + f" | {t['native'] * 1e6:.0f} | "
                   f"{pick} | {t['auto'] * 1e6:.0f} | {t['auto'] / best:.2f} | "
                   f"{t['auto'] / t['native']:.2f} |", flush=True)
     return 0

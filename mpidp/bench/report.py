@@ -250,8 +250,9 @@ def memory(runs: list[dict]) -> list[str]:
              "NumPy's buffers; max over ranks). *First call*: with an empty ScratchPool, i.e. the "
              "scratch the algorithm needs (ring: one block; halving: at most half the vector; "
              "out-of-place reduce-scatter also takes a pooled work vector for its partial "
-             "sums, since MPI forbids writing sendbuf). *Steady*: after warm-up, with the pool holding the "
-             "buffers; what remains is Python objects (generators, request lists).", "",
+             "sums, since MPI forbids writing sendbuf). *Steady*: after warm-up, with the pool "
+             "holding the buffers; what remains is Python objects (generators, request "
+             "lists).", "",
              "| ranks | collective | placement | algorithm | size | first call | "
              "first / size | steady |",
              "|---|---|---|---|---|---|---|---|"]

@@ -49,7 +49,9 @@ POOL = ScratchPool()  # scratch shared by calls that pass no pool of their own
 
 CALIBRATION_TAG = TAG_BASE + TAG_SPAN  # cost.calibrate's messages, apart from any collective's
 
-# name -> (generator, scratch items needed for a vector of `blocks`, one block per rank)
+# name -> (generator, scratch items needed for a vector of `blocks`, one block per rank).
+# The all-reduce and reduce-scatter generators take (comm, buf, blocks, op, tmp, src):
+# out of place, `src` is sendbuf, read and never written, and `buf` receives the results.
 ALLREDUCE = {
     "ring": (ring_allreduce, lambda blocks: blocks.max),
     "rabenseifner": (rabenseifner_allreduce, rabenseifner_scratch),
@@ -61,8 +63,6 @@ REDUCE_SCATTER = {
     "recursive_halving": (recursive_halving_reduce_scatter,
                           lambda blocks: halving_scratch(blocks, len(blocks))),
 }
-# all-reduces that take the input as `src` (read, never written) instead of a copy in recvbuf
-READS_SENDBUF = {"ring", "rabenseifner", "recursive_doubling"}
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
@@ -126,11 +126,11 @@ def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", 
     if debug:
         _agree(comm, "allreduce", tag, buf.size, buf.dtype, op, algorithm)
     n = comm.Get_size()
-    src = None  # out of place, these algorithms read sendbuf where it is: no copy
+    src = None  # out of place, the algorithms read sendbuf where it is (no copy first)
     if sendbuf is not IN_PLACE:
-        if algorithm in READS_SENDBUF and n > 1:
+        if n > 1:
             src = sendbuf.reshape(-1)
-        else:
+        else:  # one rank: no round will write recvbuf
             array_module(buf).copyto(buf, sendbuf.reshape(-1))
     if buf.size == 0:
         return Plan(comm, iter(()), tag)
@@ -139,9 +139,8 @@ def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", 
     pool = POOL if pool is None else pool
     tmp = pool.take(buf, scratch_items(blocks))
     sync(buf)
-    rounds = algo(comm, buf, blocks, op, tmp) if src is None else algo(comm, buf, blocks, op,
-                                                                        tmp, src)
-    return Plan(comm, rounds, tag, lambda: pool.give(tmp), _mode(buf))
+    return Plan(comm, algo(comm, buf, blocks, op, tmp, src), tag, lambda: pool.give(tmp),
+                _mode(buf))
 
 
 def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
@@ -205,9 +204,7 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             pool.give(work)
 
     sync(work)
-    rounds = algo(comm, work, blocks, op, tmp) if src is None else algo(comm, work, blocks, op,
-                                                                         tmp, src)
-    return Plan(comm, rounds, tag, done, _mode(work))
+    return Plan(comm, algo(comm, work, blocks, op, tmp, src), tag, done, _mode(work))
 
 
 def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,

@@ -144,6 +144,11 @@ def host_buffer(like):
     return np.empty(like.size, dtype=like.dtype)
 
 
+def as_host(arr) -> np.ndarray:
+    """`arr` itself if it is a NumPy array, else a host copy of it."""
+    return arr if isinstance(arr, np.ndarray) else arr.get()
+
+
 def to_host(src, host) -> None:
     if is_device(src):
         src.get(out=host)

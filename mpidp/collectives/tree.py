@@ -93,8 +93,14 @@ def binomial_reduce(comm, buf, op: Op, tmp, root: int) -> Rounds:
         mask <<= 1
 
 
-def naive_allreduce(comm, buf, blocks: Blocks, op: Op, tmp) -> Rounds:
-    """All-reduce `buf` in place: binomial reduce to rank 0, then binomial broadcast."""
+def naive_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+    """All-reduce into `buf`: binomial reduce to rank 0, then binomial broadcast.
+
+    `src`: the input, if it is not in `buf`; the tree reduces in place, so it is
+    copied in first.
+    """
+    if src is not None:
+        buf[...] = src
     yield from binomial_reduce(comm, buf, op, tmp, 0)
     if comm.Get_rank() == 0:
         op.finish(buf, comm.Get_size())

@@ -21,6 +21,8 @@ import zlib
 
 import numpy as np
 
+from ..collectives.buffers import as_host
+
 FORMAT = 1
 
 
@@ -32,8 +34,8 @@ def save(path: str, model, optimizer, state: dict) -> None:
     """Write `path` atomically. `state`: integers such as epoch, step, seed, global_batch."""
     arrays = {"format": np.array(FORMAT), "sizes": np.array(model.sizes, dtype=np.int64),
               "activation": np.array(model.activation), "dtype": np.array(str(model.dtype))}
-    arrays.update({f"param/{k}": _host(p) for k, p in model.params.items()})
-    arrays.update({f"optim/{k}": _host(v) if hasattr(v, "dtype") else np.array(v)
+    arrays.update({f"param/{k}": as_host(p) for k, p in model.params.items()})
+    arrays.update({f"optim/{k}": as_host(v) if hasattr(v, "dtype") else np.array(v)
                    for k, v in optimizer.state_dict().items()})
     arrays.update({f"state/{k}": np.array(v) for k, v in state.items()})
     directory = os.path.dirname(os.path.abspath(path))
@@ -91,7 +93,3 @@ def load(path: str, model, optimizer) -> dict:
     optimizer.load_state_dict({k[len("optim/"):]: v for k, v in data.items()
                                if k.startswith("optim/")}, xp=xp)
     return {k[len("state/"):]: v.item() for k, v in data.items() if k.startswith("state/")}
-
-
-def _host(arr) -> np.ndarray:
-    return arr if isinstance(arr, np.ndarray) else arr.get()

@@ -47,7 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives import api
-from ..collectives.buffers import ScratchPool
+from ..collectives.buffers import ScratchPool, as_host
 from ..collectives.ops import AVG
 from ..collectives.schedule import Handle
 
@@ -152,7 +152,7 @@ class DataParallel:
         digest = hashlib.sha256()
         for name, p in self.model.params.items():
             digest.update(name.encode())
-            digest.update(_host(p).tobytes())
+            digest.update(as_host(p).tobytes())
         mine = np.frombuffer(digest.digest(), dtype=np.uint8).copy()  # (32,)
         n = self.comm.Get_size()
         table = np.zeros(n * mine.size, dtype=np.uint8)  # (n * 32,)
@@ -288,7 +288,3 @@ class DataParallel:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _host(arr) -> np.ndarray:
-    return arr if isinstance(arr, np.ndarray) else arr.get()
