@@ -71,29 +71,56 @@ def test_device_round_is_synced_and_staged(fake_cupy, monkeypatch):
     monkeypatch.setattr(buffers, "_cuda_aware", False)
     send = np.arange(4.0).view(FakeDeviceArray)
     recv = np.zeros(4).view(FakeDeviceArray)
-    wire, finish = schedule.stage([Send(send, 1), Recv(recv, 1)], "auto")
+    wire, fill, finish = schedule.stage([Send(send, 1), Recv(recv, 1)], "auto")
     assert fake_cupy["sync"] == 1, "the stream must be synchronized before MPI reads"
     assert all(type(m.buf) is np.ndarray for m in wire), "MPI must get host copies"
+    fill()  # `post` calls it once the receives are posted
     assert np.array_equal(wire[0].buf, send)  # the send was copied out
     wire[1].buf[...] = 7.0  # what MPI would receive
     finish()
     assert np.array_equal(np.asarray(recv), [7.0] * 4)  # copied back to the device
 
 
+def test_staged_sends_are_copied_out_after_the_receives_are_posted():
+    """Incoming data can flow while the sends are copied to host memory."""
+    log = []
+
+    class Recorder:  # a comm that only records what is posted
+        def Irecv(self, buf, source, tag):  # noqa: N802
+            log.append("Irecv")
+            return MPI.REQUEST_NULL
+
+        def Isend(self, buf, dest, tag):  # noqa: N802
+            log.append("Isend")
+            return MPI.REQUEST_NULL
+
+    send, recv = np.arange(3.0), np.zeros(3)
+    wire, fill, finish = schedule.stage([Send(send, 0), Recv(recv, 0)], "all")
+
+    def traced_fill():
+        log.append("copy sends out")
+        fill()
+
+    schedule.post(Recorder(), wire, 7, traced_fill)
+    assert log == ["Irecv", "copy sends out", "Isend"]
+    assert np.array_equal(wire[0].buf, send)
+    finish()
+
+
 def test_cuda_aware_mpi_gets_device_buffers_after_a_sync(fake_cupy, monkeypatch):
     monkeypatch.setattr(buffers, "_cuda_aware", True)
     dev = np.ones(3).view(FakeDeviceArray)
     round_ = [Send(dev, 0)]
-    wire, finish = schedule.stage(round_, "auto")
-    assert wire is round_ and finish is None
+    wire, fill, finish = schedule.stage(round_, "auto")
+    assert wire is round_ and fill is None and finish is None
     assert fake_cupy["sync"] == 1
 
 
 def test_host_rounds_take_the_fast_path():
     round_ = [Send(np.ones(2), 0), Recv(np.ones(2), 0)]
-    assert schedule.stage(round_, "auto") == (round_, None)
-    wire, finish = schedule.stage(round_, "all")  # MPIDP_STAGING=1
-    assert wire is not round_ and finish is not None
+    assert schedule.stage(round_, "auto") == (round_, None, None)
+    wire, fill, finish = schedule.stage(round_, "all")  # MPIDP_STAGING=1
+    assert wire is not round_ and fill is not None and finish is not None
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=90)

@@ -57,21 +57,32 @@ Rounds = Generator[Round, None, None]
 STAGING_POOL = ScratchPool()  # host buffers for staged device blocks, reused
 
 
-def stage(round_: Round, mode: str) -> tuple[Round, Callable[[], None] | None]:
-    """Prepare a round's buffers for MPI; return the round to post and its finisher.
+class Staged(NamedTuple):
+    """A round ready for MPI: the messages to post, and the copies around them."""
+
+    round: Round
+    fill: Callable[[], None] | None = None  # copy staged sends out (after receives are up)
+    finish: Callable[[], None] | None = None  # copy staged receives back (round complete)
+
+
+def stage(round_: Round, mode: str) -> Staged:
+    """Prepare a round's buffers for MPI.
 
     Device buffers: wait for the current CUDA stream first (MPI must not read a
     block that a queued reduction is still writing). Where MPI cannot take device
-    pointers (or MPIDP_STAGING=1), swap each buffer for a host copy: sends are
-    copied out now, receives copied back by the finisher once the round is done.
+    pointers (or MPIDP_STAGING=1), swap each buffer for a host buffer: `fill`
+    copies the sends out, and `post` calls it only once the receives are posted,
+    so incoming data flows while the sends are copied; `finish` copies the
+    receives back once the round is done. Send and receive buffers are separate,
+    and pooled across rounds and calls.
     """
     if mode == "host" or (mode != "all" and all(type(m.buf) is np.ndarray for m in round_)):
-        return round_, None  # the common case: host arrays, nothing to do
+        return Staged(round_)  # the common case: host arrays, nothing to do
     if any(is_device(m.buf) for m in round_):
         sync(next(m.buf for m in round_ if is_device(m.buf)))
     if not any(needs_staging(m.buf, mode) for m in round_):
-        return round_, None
-    wire, back, held = [], [], []
+        return Staged(round_)
+    wire, out, back, held = [], [], [], []
     for m in round_:
         if not needs_staging(m.buf, mode):
             wire.append(m)
@@ -79,11 +90,15 @@ def stage(round_: Round, mode: str) -> tuple[Round, Callable[[], None] | None]:
         host = STAGING_POOL.take_host(m.buf)
         held.append(host)
         if type(m) is Send:
-            to_host(m.buf, host)
+            out.append((m.buf, host))
             wire.append(Send(host, m.peer))
         else:
             wire.append(Recv(host, m.peer))
             back.append((host, m.buf))
+
+    def fill() -> None:
+        for src, host in out:
+            to_host(src, host)
 
     def finish() -> None:
         for host, dst in back:
@@ -91,24 +106,31 @@ def stage(round_: Round, mode: str) -> tuple[Round, Callable[[], None] | None]:
         for host in held:
             STAGING_POOL.give(host)
 
-    return wire, finish
+    return Staged(wire, fill, finish)
 
 
-def post(comm, round_: Round, tag: int) -> list:
-    """Post every message of a round, receives first; return the requests."""
+def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) -> list:
+    """Post every message of a round, receives first; return the requests.
+
+    `fill` (staging) runs between the two: it copies the sends into place.
+    """
     reqs = [comm.Irecv(msg(m.buf), m.peer, tag) for m in round_ if type(m) is Recv]
+    if fill is not None:
+        fill()
     reqs += [comm.Isend(msg(m.buf), m.peer, tag) for m in round_ if type(m) is Send]
     return reqs
 
 
 def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
     """Complete one round, blocking, with the fewest MPI calls."""
-    round_, finish = stage(round_, mode)
+    round_, fill, finish = stage(round_, mode)
     if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
+        if fill is not None:
+            fill()
         send, recv = round_ if type(round_[0]) is Send else round_[::-1]
         comm.Sendrecv(msg(send.buf), send.peer, tag, msg(recv.buf), recv.peer, tag)
     elif round_:
-        MPI.Request.Waitall(post(comm, round_, tag))
+        MPI.Request.Waitall(post(comm, round_, tag, fill))
     if finish is not None:
         finish()
 
@@ -170,8 +192,8 @@ class Handle:
                 self._on_done()
             return
         self.rounds += 1
-        round_, self._finish = stage(round_, self._mode)
-        self._reqs = post(self._comm, round_, self._tag)
+        round_, fill, self._finish = stage(round_, self._mode)
+        self._reqs = post(self._comm, round_, self._tag, fill)
 
     def test(self) -> bool:
         """Complete every round that is ready and post the next; True when all are done.
