@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 def array_module(arr):
     """`numpy` for host arrays, `cupy` for device arrays."""
-    if type(arr) is np.ndarray or isinstance(arr, np.ndarray):
+    if isinstance(arr, np.ndarray):
         return np
     if hasattr(arr, "__cuda_array_interface__"):
         import cupy

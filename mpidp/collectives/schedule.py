@@ -32,8 +32,16 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import ScratchPool, is_device, msg, needs_staging, staging_mode, sync, to_host
-from .buffers import from_host as _from_host
+from .buffers import (
+    ScratchPool,
+    from_host,
+    is_device,
+    msg,
+    needs_staging,
+    staging_mode,
+    sync,
+    to_host,
+)
 
 
 class Send(NamedTuple):
@@ -102,7 +110,7 @@ def stage(round_: Round, mode: str) -> Staged:
 
     def finish() -> None:
         for host, dst in back:
-            _from_host(host, dst)
+            from_host(host, dst)
         for host in held:
             STAGING_POOL.give(host)
 
