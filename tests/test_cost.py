@@ -49,13 +49,25 @@ def test_auto_takes_few_rounds_when_small_and_few_bytes_when_large():
     assert best(ROUNDS, "allreduce", names("allreduce"), 1 << 30, 4) == "recursive_doubling"
 
 
+def test_fit_recovers_a_known_model_and_keeps_every_term_non_negative():
+    rows = np.array([cost.terms("allreduce", name, size, 4) for name, size in cost.PROBES])
+    known = Model(alpha=30e-6, beta=0.4e-9, gamma=0.1e-9, fixed=9e-6)
+    seconds = np.array([predict(known, "allreduce", name, size, 4) for name, size in cost.PROBES])
+    assert np.allclose(rows @ [known.fixed, known.alpha, known.beta, known.gamma], seconds)
+    assert np.allclose(cost.fit(rows, seconds), known, rtol=1e-6, atol=1e-15)
+    # times that shrink with the size would need a negative β: the fit sets it to 0
+    shrinking = seconds[::-1].copy()
+    fitted = cost.fit(rows, shrinking)
+    assert min(fitted) >= 0 and fitted.beta == 0, fitted
+
+
 @pytest.mark.mpi(ranks=[1, 3, 4], timeout=120)
 def test_calibration_is_cheap_cached_and_the_same_on_every_rank(mpi_ranks):
     comm = MPI.COMM_WORLD.Dup()  # a new communicator: nothing cached yet
     n = comm.Get_size()
     m = cost.model(comm, api.CALIBRATION_TAG)  # its duration is reported by `bench calibrate`
-    assert all(np.isfinite(v) and v > 0 for v in m), m
-    everyone = np.empty((n, 3))
+    assert all(np.isfinite(v) and v >= 0 for v in m) and m.alpha > 0, m
+    everyone = np.empty((n, len(m)))
     comm.Allgather(np.array(m, dtype=np.float64), everyone)
     assert (everyone == everyone[0]).all(), everyone  # bit for bit
     counter = CountingComm(comm)

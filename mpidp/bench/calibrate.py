@@ -29,6 +29,11 @@ def _reps(nbytes: int, reps: int | None) -> int:
     return 5
 
 
+def rate(seconds_per_byte: float) -> str:
+    """A per-byte cost as a bandwidth ("no cost found" where the fit set it to 0)."""
+    return f"{1e-9 / seconds_per_byte:.2f} GB/s" if seconds_per_byte > 0 else "no cost found"
+
+
 def measure(comm, nbytes: int, names, reps: int) -> dict[str, float]:
     """Median seconds (slowest rank's) of each algorithm and of native, interleaved rep by rep."""
     x = np.ones(max(nbytes // 4, 1), np.float32)
@@ -65,9 +70,11 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"# mpidp calibrate: {n} ranks, float32 all-reduce, times in µs (slowest rank, "
               f"median), model prediction in brackets")
-        print(f"# alpha = {model.alpha * 1e6:.2f} µs/message, beta = {model.beta * 1e9:.4f} ns/B "
-              f"({1e-9 / model.beta:.2f} GB/s), gamma = {model.gamma * 1e9:.4f} ns/B "
-              f"({1e-9 / model.gamma:.2f} GB/s); calibration took {took * 1e3:.0f} ms\n")
+        print(f"# fixed = {model.fixed * 1e6:.2f} µs/call, "
+              f"alpha = {model.alpha * 1e6:.2f} µs/round, "
+              f"beta = {model.beta * 1e9:.4f} ns/B ({rate(model.beta)}), "
+              f"gamma = {model.gamma * 1e9:.4f} ns/B ({rate(model.gamma)}); "
+              f"calibration took {took * 1e3:.0f} ms\n")
         print("| size | " + " | ".join(fixed) + " | native | auto picks | auto | "
               "auto / best | auto / native |")
         print("|---:|" + "---:|" * len(fixed) + "---:|:---|---:|---:|---:|")

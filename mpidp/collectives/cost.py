@@ -1,9 +1,10 @@
 """The α-β-γ cost model: calibrate it, predict each algorithm's time, pick the cheapest.
 
-A round of messages costs α (latency: the MPI call, the Python round trip) plus
-β per byte on the busiest link, and a reduction γ per reduced byte:
+A round of messages costs α (latency: the MPI call, the Python round trip, the
+wait for the peers) plus β per byte on the busiest link, and a reduction γ per
+reduced byte; a call costs a fixed amount on top, alike for every algorithm:
 
-    time ≈ rounds·α + bytes·β + reduced bytes·γ
+    time ≈ fixed + rounds·α + bytes·β + reduced bytes·γ
 
 For n bytes on p ranks (q = 2^⌊log2 p⌋, k = log2 q, f = 1 if q < p, else 0,
 L = ⌈log2 p⌉); each line is the docstring formula of the algorithm's module:
@@ -22,18 +23,22 @@ L = ⌈log2 p⌉); each line is the docstring formula of the algorithm's module:
 Small messages want few rounds (recursive doubling, binomial), large ones few
 bytes (ring, Rabenseifner, scatter + all-gather).
 
-Calibration (`calibrate`) is collective: ranks pair up (rank ^ 1) and time
-rounds of one exchange at a few sizes through the schedule driver, with the
-comm's own point-to-point calls, which gives α (the smallest size) and β (the
-slope), each the fastest of three batches; γ is the extra time of the same
-exchange when each round also sums what it received (freshly received data is
-cold in this core's cache: summing it costs several times a warm sum). The
-ranks then average their numbers with a tiny all-reduce, so
-every rank holds the same model and `best` makes the same choice on every rank:
-a rank that chose differently from the others would deadlock. It takes a few
-milliseconds, never runs on import, and is cached per communicator (as an MPI
-attribute: a duplicate communicator calibrates again). ``MPIDP_COST=default``
-or ``MPIDP_COST=alpha,beta,gamma`` in the environment, or `set_model`, skip it.
+Calibration (`calibrate`) is collective: every rank runs mpidp's own ring and
+recursive-doubling all-reduce (in place, float32 sum) at 8 B, 64 KiB, 256 KiB
+and 1 MiB, through the schedule driver with the comm's own point-to-point calls,
+each timed as the fastest of three batches. The two algorithms differ in rounds,
+bytes and reductions, so between them they separate the terms: a non-negative
+least-squares fit of (fixed, α, β, γ) to the slowest rank's times, in relative
+error. Timing the real schedules, not one exchange between two ranks, is what
+makes α what a round costs inside a collective: the Python driver, and the wait
+for the slowest of N ranks (on an oversubscribed node, several times a
+back-to-back ping-pong). The ranks then agree on the numbers with a tiny
+all-reduce, so every rank holds the same model and `best` makes the same choice on
+every rank: a rank that chose differently from the others would deadlock. It
+takes tens of milliseconds, never runs on import, and is cached per communicator
+(as an MPI attribute: a duplicate communicator calibrates again).
+``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed]`` in the
+environment, or `set_model`, skip it.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, section 3.
 """
@@ -50,23 +55,29 @@ from mpi4py import MPI
 
 from .blocks import Blocks
 from .halving import recursive_doubling_allreduce
-from .ops import SUM
-from .schedule import Recv, Send, run
+from .ops import MAX, SUM
+from .ring import ring_allreduce
+from .schedule import Rounds, run
 
 
 class Model(NamedTuple):
-    """Seconds per message (alpha), per byte sent (beta), per byte reduced (gamma)."""
+    """Seconds per round (alpha), per byte sent (beta), per byte reduced (gamma), per call."""
 
     alpha: float
     beta: float
     gamma: float
+    fixed: float = 0.0  # the same for every algorithm: it never changes the choice
 
 
 # A shared-memory node running mpidp from Python: about 15 µs a round, 2 GB/s, 1 GB/s.
 DEFAULT = Model(alpha=15e-6, beta=0.5e-9, gamma=1e-9)
 
-SIZES = (8, 1 << 16, 1 << 20)  # bytes per message in the calibration exchange
-REPS = (20, 6, 3)  # rounds per timed batch
+# What the calibration times: ring and recursive doubling differ in rounds, bytes
+# and reductions, so between them they separate α, β and γ.
+PROBE_ALGORITHMS = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce}
+SIZES = (8, 1 << 16, 1 << 18, 1 << 20)  # bytes of the whole vector
+PROBES = tuple((name, size) for size in SIZES for name in PROBE_ALGORITHMS)
+REPS = (10, 3)  # calls per timed batch: small vectors, from 64 KiB up
 
 
 def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> float:
@@ -93,7 +104,7 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> f
         ("bcast", "binomial"): lambda: L * (a + n * b),
         ("bcast", "scatter_allgather"): lambda: (L + p - 1) * a + 2 * part * b,
     }
-    return formulas[collective, algorithm]()
+    return m.fixed + formulas[collective, algorithm]()
 
 
 @lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
@@ -114,9 +125,9 @@ def _key() -> int:
     return _keyval
 
 
-def set_model(comm, alpha: float, beta: float, gamma: float) -> Model:
+def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0) -> Model:
     """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
-    m = Model(float(alpha), float(beta), float(gamma))
+    m = Model(float(alpha), float(beta), float(gamma), float(fixed))
     comm.Set_attr(_key(), m)
     return m
 
@@ -136,50 +147,70 @@ def model(comm, tag: int) -> Model:
     return m
 
 
-def _exchanges(partner: int, send, recv, reps: int, acc=None):
-    """`reps` rounds of one exchange with `partner`: what a round of a collective costs.
-
-    With `acc`, each round also adds what it received into `acc`, as a reduction
-    round does: data just written by another process is not in this core's cache,
-    and reducing it costs several times what the same sum costs on warm data.
-    """
+def _probe_rounds(comm, name: str, buf, tmp, reps: int) -> Rounds:
+    """`reps` in-place sum all-reduces of `buf` with the algorithm `name`, back to back."""
+    blocks = Blocks.even(buf.size, comm.Get_size())
     for _ in range(reps):
-        yield [Send(send, partner), Recv(recv, partner)]
-        if acc is not None:
-            SUM(acc, recv.view(acc.dtype))
+        yield from PROBE_ALGORITHMS[name](comm, buf, blocks, SUM, tmp)
 
 
-def _fastest(comm, tag: int, make_rounds, reps: int) -> float:
-    """Seconds per round: the fastest of 3 batches (other processes only add time)."""
-    run(comm, make_rounds(1), tag)  # warm up
+def _fastest(comm, tag: int, name: str, buf, tmp) -> float:
+    """Seconds per call on this rank: the fastest of 3 batches (other processes only add time)."""
+    run(comm, _probe_rounds(comm, name, buf, tmp, 1), tag)  # warm up
+    reps = REPS[-1] if buf.nbytes >= 1 << 16 else REPS[0]
     samples = []
     for _ in range(3):
-        rounds = make_rounds(reps)
         t0 = time.perf_counter()
-        run(comm, rounds, tag)
+        run(comm, _probe_rounds(comm, name, buf, tmp, reps), tag)
         samples.append((time.perf_counter() - t0) / reps)
     return min(samples)
 
 
+def terms(collective: str, algorithm: str, nbytes: int, p: int) -> np.ndarray:
+    """(1, rounds, bytes, reduced bytes) of one call: the model's time is their dot product
+    with (fixed, α, β, γ)."""
+    unit = (Model(1, 0, 0), Model(0, 1, 0), Model(0, 0, 1))
+    return np.array([1.0, *(predict(m, collective, algorithm, nbytes, p) for m in unit)])
+
+
+def fit(rows: np.ndarray, seconds: np.ndarray) -> Model:
+    """(fixed, α, β, γ) >= 0 with the least squared relative error over the probes.
+
+    Non-negative least squares by enumeration: with four unknowns, every subset of
+    them that may be non-zero is tried, and the best fit without a negative one wins.
+    """
+    a, b = rows / seconds[:, None], np.ones_like(seconds)  # relative error: divide by the time
+    found, least = np.zeros(4), np.inf
+    for mask in range(1, 16):
+        cols = [i for i in range(4) if mask >> i & 1]
+        x = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (x < 0).any():
+            continue
+        full = np.zeros(4)
+        full[cols] = x
+        error = float(np.sum((a @ full - b) ** 2))
+        if error < least:
+            found, least = full, error
+    return Model(*found[1:], fixed=found[0])
+
+
 def calibrate(comm, tag: int) -> Model:
-    """Measure α, β, γ on `comm` (collective: every rank must call it); all ranks get the same."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    partner = rank ^ 1
-    mine = np.zeros(4)  # alpha, beta, gamma, 1 if I had a partner (so they stay 0 if not)
-    if partner < n:
-        send, recv = np.zeros(SIZES[-1], np.uint8), np.empty(SIZES[-1], np.uint8)
-        times = []
-        for size, reps in zip(SIZES, REPS, strict=True):
-            times.append(_fastest(comm, tag, lambda r, k=size: _exchanges(
-                partner, send[:k], recv[:k], r), reps))
-        beta = max((times[-1] - times[1]) / (SIZES[-1] - SIZES[1]), 1e-12)
-        size = SIZES[1]  # γ: the same exchange, plus the reduction of what arrived
-        acc = np.zeros(size // 4, np.float32)
-        with_sum = _fastest(comm, tag, lambda r: _exchanges(
-            partner, send[:size], recv[:size], r, acc), REPS[1])
-        gamma = max((with_sum - times[1]) / size, 1e-12)
-        mine[:] = max(times[0], 1e-7), beta, gamma, 1.0
-    run(comm, recursive_doubling_allreduce(comm, mine, Blocks.even(4, n), SUM, np.empty(4)), tag)
-    if mine[3] == 0:  # a single rank: nothing exchanged, nothing measured
+    """Fit fixed, α, β, γ on `comm`; collective: every rank calls it, and all get the same."""
+    n = comm.Get_size()
+    if n == 1:  # nothing is exchanged, nothing to measure
         return DEFAULT
-    return Model(*(mine[:3] / mine[3]))
+    buf = np.zeros(max(SIZES) // 4, np.float32)
+    tmp = np.empty_like(buf)
+    times = np.array([_fastest(comm, tag, name, buf[: size // 4], tmp[: size // 4])
+                      for name, size in PROBES])
+    slowest = np.empty_like(times)  # a collective lasts as long as its slowest rank
+    run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(times.size, n), MAX,
+                                           np.empty_like(times), times), tag)
+    rows = np.array([terms("allreduce", name, size, n) for name, size in PROBES])
+    mine = np.array(fit(rows, slowest))
+    # The same inputs give the same fit; a sum over the ranks makes the bits agree even
+    # where ranks run different builds of NumPy (a rank choosing differently would deadlock).
+    total = np.empty_like(mine)
+    run(comm, recursive_doubling_allreduce(comm, total, Blocks.even(mine.size, n), SUM,
+                                           np.empty_like(mine), mine), tag)
+    return Model(*(total / n))
