@@ -170,3 +170,33 @@ def test_buckets_are_reverse_layer_order_and_grads_are_views_of_them():
     assert [b.layers for b in one.buckets] == [[3, 2, 1]]
     with pytest.raises(ValueError, match="algorithm"):
         DataParallel(MLP([3, 2]), comm, algorithm="nope")
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_user_collectives_in_flight_across_backward_keep_their_own_messages(mpi_ranks):
+    # An mpidp.Comm numbers its collectives TAG_BASE, TAG_BASE + 1, ...; the buckets use
+    # TAG_BASE + 1 + k. On one communicator the user's second collective and bucket 0
+    # would share a tag; DataParallel's own duplicate keeps them apart.
+    comm = mpidp.Comm(MPI.COMM_WORLD)
+    rank, n = comm.Get_rank(), comm.Get_size()
+    model = MLP([64, 256, 256, 10], dtype="float64", seed=0)
+    with DataParallel(model, comm, bucket_mb=0) as ddp:
+        assert MPI.Comm.Compare(ddp.comm, MPI.COMM_WORLD) == MPI.CONGRUENT  # not the same one
+        mine = [np.full(50_000 + 7 * k, float(rank + k)) for k in range(3)]
+        theirs = [np.empty_like(v) for v in mine]
+        requests = [comm.Iallreduce(v, out) for v, out in zip(mine, theirs, strict=True)]
+        x, y = np.ones((8, 64)) * (rank + 1), np.zeros(8, dtype=np.int64)
+        ddp.forward(x)
+        ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
+        mpidp.waitall(requests)
+        for k, out in enumerate(theirs):
+            assert np.array_equal(out, np.full_like(out, sum(r + k for r in range(n))))
+        expected = {}
+        for r in range(n):  # the gradient is the average of every rank's
+            m = MLP([64, 256, 256, 10], dtype="float64", seed=0)
+            xr = np.ones((8, 64)) * (r + 1)
+            m.backward(softmax_cross_entropy(m.forward(xr), y)[1])
+            for name, g in m.grads.items():
+                expected[name] = expected.get(name, 0) + g / n
+        assert_close(model.grads, expected, "gradient")
+    assert ddp.comm == MPI.COMM_NULL  # freed by close()

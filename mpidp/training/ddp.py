@@ -22,7 +22,8 @@ handles in flight are advanced with ``test()``, since MPI moves a schedule's
 next round only when someone calls into it. An optional background thread polls
 them too. Every bucket is complete before `backward` returns; only then may the
 optimizer step. All ranks launch the buckets in the same order; bucket k uses
-its own tag, ``TAG_BASE + 1 + k``, so buckets in flight together never mix.
+its own tag, ``TAG_BASE + 1 + k``, so buckets in flight together never mix, on a
+duplicate of the user's communicator, so they never mix with the user's messages.
 
 ``overlap=False`` is the serial baseline: backward first, then one all-reduce
 per bucket. ``no_sync()`` accumulates micro-batch gradients locally; the next
@@ -46,8 +47,9 @@ from contextlib import contextmanager
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import api
+from ..collectives import api, cost
 from ..collectives.buffers import ScratchPool, as_host
+from ..collectives.comm import Comm
 from ..collectives.ops import AVG
 from ..collectives.schedule import Handle
 
@@ -76,7 +78,9 @@ class DataParallel:
 
     Args:
         model: an `MLP` (anything with params, grads, layers, names(i), forward, backward).
-        comm: an MPI communicator, or any object with its point-to-point methods.
+        comm: an MPI communicator or `mpidp.Comm` (duplicated: the buckets get their own
+            matching space; `close` frees it), or any object with its point-to-point
+            methods (used as given).
         bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25 and 1);
             0 puts every layer in a bucket of its own.
         overlap: start each bucket's all-reduce during backward (False: after it).
@@ -94,11 +98,12 @@ class DataParallel:
                              f"{api.ALGORITHMS['allreduce']}")
         if progress_thread and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError("progress_thread needs MPI initialized with MPI_THREAD_MULTIPLE")
-        self.model, self.comm, self.overlap, self.algorithm = model, comm, overlap, algorithm
+        self.comm = self._own_comm(comm, algorithm)
+        self.model, self.overlap, self.algorithm = model, overlap, algorithm
         self.tracer = tracer
         self.pool = ScratchPool()  # scratch of buckets in flight together
         for p in model.params.values():  # replicas start identical: rank 0's weights
-            api.bcast(comm, p, root=0)
+            api.bcast(self.comm, p, root=0)
         if debug:
             self.check_replicas()
         self.buckets = self._make_buckets(bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
@@ -120,6 +125,24 @@ class DataParallel:
                 tracer.name_row(1 + b.index, f"bucket {b.index} (L{','.join(map(str, b.layers))})")
 
     # ------------------------------------------------------------ set-up
+
+    def _own_comm(self, comm, algorithm: str):
+        """A duplicate of `comm` for the buckets, so that their tags cannot meet the user's.
+
+        The buckets use tags ``TAG_BASE + 1 + k``; an `mpidp.Comm` numbers its own
+        collectives from ``TAG_BASE`` up, so on one communicator a user's collective in
+        flight across `backward` could take a bucket's messages. A duplicate is a
+        separate matching space. Other comm-like objects (a `CountingComm`, a proxy)
+        are used as given: there, keep other mpidp collectives out of backward.
+        """
+        parent = comm.comm if isinstance(comm, Comm) else comm
+        if not isinstance(parent, MPI.Intracomm):
+            self._dup = None
+            return comm
+        self._dup = parent.Dup()
+        if algorithm == "auto" and parent.Get_size() > 1:  # calibrate once, not per duplicate
+            cost.set_model(self._dup, *cost.model(parent, api.CALIBRATION_TAG))
+        return self._dup
 
     def _make_buckets(self, cap: float, first_cap: float) -> list[Bucket]:
         """Group layers last-to-first into buckets; make the grads views of their buffers."""
@@ -276,12 +299,15 @@ class DataParallel:
                 for b in self.buckets if b.completed is not None]
 
     def close(self) -> None:
-        """Stop the progress thread, if any."""
+        """Stop the progress thread, if any, and free the buckets' communicator (collective)."""
         if self._thread is not None:
             self._stop = True
             self._work.set()
             self._thread.join()
             self._thread = None
+        if self._dup is not None:
+            self._dup.Free()  # self.comm is now MPI.COMM_NULL: a later collective raises
+            self._dup = None
 
     def __enter__(self):
         return self
