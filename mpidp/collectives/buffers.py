@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -179,50 +178,51 @@ class ScratchPool:
     A collective takes a buffer at its start and gives it back when it completes,
     so calls of the same size reuse one buffer, and collectives in flight at the
     same time (the trainer's buckets) each get their own.
+
+    A progress thread may complete collectives, so two threads may use a pool at
+    once. Every step is one operation on a dict or a list (``get``, ``setdefault``,
+    ``pop``, ``append``), each atomic in CPython, so no lock is needed: at worst a
+    race allocates one buffer more, or keeps one more than `keep`.
     """
 
     def __init__(self, keep: int = 4):
         self.keep = keep  # free buffers kept per key
         self._free: dict[tuple, list] = {}
         self._host_keys: dict[int, tuple] = {}  # staging buffers, by id
-        self._lock = threading.Lock()  # a progress thread may complete collectives
 
     def take(self, like, count: int):
         """A 1-D scratch array of `count` items of like's dtype, on like's device."""
-        key = _key(like, count)
-        with self._lock:
-            free = self._free.get(key)
-            if free:
+        free = self._free.get(_key(like, count))
+        if free:
+            try:
                 return free.pop()
+            except IndexError:  # another thread took the last one meanwhile
+                pass
         return array_module(like).empty(count, dtype=like.dtype)
 
     def take_host(self, like):
         """A host array to stage `like` through (pinned memory if `like` is on a GPU)."""
         key = ("host", is_device(like), like.dtype.str, like.size)
-        with self._lock:
-            free = self._free.get(key)
-            host = free.pop() if free else None
-        if host is None:
+        free = self._free.get(key)
+        try:
+            host = free.pop() if free else host_buffer(like)
+        except IndexError:
             host = host_buffer(like)
-        with self._lock:
-            self._host_keys[id(host)] = key  # how `give` files it back
+        self._host_keys[id(host)] = key  # how `give` files it back
         return host
 
     def give(self, arr) -> None:
-        with self._lock:
-            key = self._host_keys.pop(id(arr), None) or _key(arr, arr.size)
-            free = self._free.setdefault(key, [])
-            if len(free) < self.keep:
-                free.append(arr)
+        key = self._host_keys.pop(id(arr), None) or _key(arr, arr.size)
+        free = self._free.setdefault(key, [])
+        if len(free) < self.keep:
+            free.append(arr)
 
     def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
+        self._free.clear()
 
     def nbytes(self) -> int:
         """Bytes held in free lists."""
-        with self._lock:
-            return sum(a.nbytes for free in self._free.values() for a in free)
+        return sum(a.nbytes for free in list(self._free.values()) for a in list(free))
 
 
 def _key(arr, count: int) -> tuple:

@@ -41,7 +41,8 @@ class Op:
 
     def check(self, dtype) -> None:
         """Raise TypeError if MPI does not define this op on `dtype`."""
-        dtype = np.dtype(dtype)
+        if not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
         if dtype.kind not in self.kinds:
             raise TypeError(
                 f"op {self.name!r} is not defined on dtype {dtype} "

@@ -131,7 +131,9 @@ def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) 
 
 def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
     """Complete one round, blocking, with the fewest MPI calls."""
-    round_, fill, finish = stage(round_, mode)
+    fill = finish = None
+    if mode != "host":  # "host": NumPy buffers only, nothing to stage or sync
+        round_, fill, finish = stage(round_, mode)
     if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
         if fill is not None:
             fill()
