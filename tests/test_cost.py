@@ -122,3 +122,20 @@ def test_environment_variable_skips_calibration(mpi_ranks):
         comm.Free()
     finally:
         del os.environ["MPIDP_COST"]
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_auto_answers_are_remembered_per_comm_object_and_follow_set_model(mpi_ranks):
+    import gc
+
+    comm = MPI.COMM_WORLD.Dup()
+    cost.set_model(comm, *ROUNDS)
+    assert api.choose(comm, "allreduce", 1 << 26, "auto") == "recursive_doubling"
+    assert id(comm) in cost._answers  # remembered: the next call asks MPI nothing
+    cost.set_model(comm, *BYTES)  # a new model: the old answers must go
+    assert api.choose(comm, "allreduce", 1 << 26, "auto") in ("ring", "rabenseifner")
+    key = id(comm)
+    comm.Free()
+    del comm
+    gc.collect()
+    assert key not in cost._answers  # the entry died with its comm object

@@ -58,7 +58,7 @@ TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 FULL_ITERS_UP_TO = 1 << 20  # above this size the iteration counts halve per doubling
-MIN_ITERS = 5
+MIN_ITERS = 10
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -103,8 +103,8 @@ def parse_args(argv) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(COLLECTIVES)}")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--op", default="sum", choices=sorted(MPI_OPS))
-    p.add_argument("--iters", type=int, default=20,
-                   help="timed iterations up to 1 MiB, halved per doubling above (min 5)")
+    p.add_argument("--iters", type=int, default=50,
+                   help="timed iterations up to 1 MiB, halved per doubling above (min 10)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations (scaled alike)")
     p.add_argument("--inplace", default="both", choices=["off", "on", "both"],
                    help="out of place, in place, or both (broadcast has one buffer)")

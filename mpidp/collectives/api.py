@@ -90,7 +90,7 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     n = comm.Get_size()
     if n == 1:
         return names[0]
-    return cost.best(cost.model(comm, CALIBRATION_TAG), collective, names[:-1], nbytes, n)
+    return cost.choose(comm, CALIBRATION_TAG, collective, names[:-1], nbytes)
 
 
 class Plan(NamedTuple):

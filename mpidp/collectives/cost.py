@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -115,6 +116,37 @@ def best(m: Model, collective: str, names: tuple, nbytes: int, p: int) -> str:
 
 # ------------------------------------------------------------ the per-comm model
 
+# id(comm) -> (weak reference to comm, its model, {(collective, nbytes): name})
+_answers: dict[int, tuple] = {}
+
+
+def choose(comm, tag: int, collective: str, names: tuple, nbytes: int) -> str:
+    """`best` under the comm's model, remembered per comm object.
+
+    Asking MPI for the comm's model (an attribute lookup) costs more than the choice
+    itself, and a small collective pays it before its first message; on ranks that
+    share cores that wait grows several times. So each comm object keeps its model
+    and its answers here. It is held by a weak reference: when it dies its entry
+    goes, and an id reused by a new object is never taken for the old one.
+    """
+    key = id(comm)
+    entry = _answers.get(key)
+    if entry is None or entry[0]() is not comm:
+        try:
+            ref = weakref.ref(comm, lambda _, key=key: _answers.pop(key, None))
+        except TypeError:  # an object without weak references: ask every time
+            return best(model(comm, tag), collective, names, nbytes, comm.Get_size())
+        entry = _answers[key] = (ref, model(comm, tag), {})
+    answers = entry[2]
+    name = answers.get((collective, nbytes))
+    if name is None:
+        if len(answers) > 4096:  # a run with ever new sizes: start again
+            answers.clear()
+        name = answers[collective, nbytes] = best(entry[1], collective, names, nbytes,
+                                                   comm.Get_size())
+    return name
+
+
 _keyval = None
 
 
@@ -129,6 +161,7 @@ def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0)
     """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
     m = Model(float(alpha), float(beta), float(gamma), float(fixed))
     comm.Set_attr(_key(), m)
+    _answers.clear()  # answers under the old model (of any object for this comm) are stale
     return m
 
 
