@@ -15,7 +15,7 @@ A call goes through three steps:
     buffer spec  --parse-->  typed 1-D view of the user's memory  --api.plan_*-->  rounds
     [x, 3, MPI.INT]          x[:3] as int32, no copy                 run(), or a Request
 
-1. Parse the buffer spec with mpi4py's rules (``message_simple`` and
+1. Parse the buffer spec (`bufspec`) with mpi4py's rules (``message_simple`` and
    ``message_vector`` in mpi4py's msgbuffer.pxi): ``buf``, ``[buf, type]``,
    ``[buf, count, type]``, ``[buf, (count, displ), type]``,
    ``[buf, count, displ, type]``; for ``Allgatherv`` counts and displs are lists.
@@ -39,14 +39,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util import dtlib
 
 from . import api
 from .api import IN_PLACE, TAG_BASE, TAG_SPAN
 from .buffers import ScratchPool
+from .bufspec import check_match, simple, vector
 from .schedule import waitall
-
-_KINDS = "biufcS"  # booleans, integers, floats, complex, bytes: what the ops and copies handle
 
 
 class Request:
@@ -194,35 +192,35 @@ class Comm:
     # ------------------------------------------------------------ parse, check, plan
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm):
-        recv, count = _simple(recvbuf, "recvbuf", writable=True)
+        recv, count = simple(recvbuf, "recvbuf", writable=True)
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
-            send, scount = _simple(sendbuf, "sendbuf")
-            _check_match(send, scount, recv, count)
+            send, scount = simple(sendbuf, "sendbuf")
+            check_match(send, scount, recv, count)
         return self._plan(api.plan_allreduce, "allreduce", algorithm, send, recv, op=op,
                           pool=self.pool)
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm):
         n = self.comm.Get_size()
         if sendbuf is IN_PLACE:  # the n blocks are in recvbuf; a count given is per block
-            recv, _ = _simple(recvbuf, "recvbuf", blocks=n, writable=True)
+            recv, _ = simple(recvbuf, "recvbuf", blocks=n, writable=True)
             send = IN_PLACE
         else:
-            recv, count = _simple(recvbuf, "recvbuf", writable=True)
-            send, scount = _simple(sendbuf, "sendbuf", blocks=n)
-            _check_match(send, scount, recv, count)
+            recv, count = simple(recvbuf, "recvbuf", writable=True)
+            send, scount = simple(sendbuf, "sendbuf", blocks=n)
+            check_match(send, scount, recv, count)
         return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                           op=op, pool=self.pool)
 
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm):
         n, rank = self.comm.Get_size(), self.comm.Get_rank()
-        recv, count = _simple(recvbuf, "recvbuf", writable=True)
+        recv, count = simple(recvbuf, "recvbuf", writable=True)
         if sendbuf is IN_PLACE:
             if recvcounts is None:
                 raise TypeError("Reduce_scatter with sendbuf=IN_PLACE needs recvcounts")
             send, total = IN_PLACE, count
         else:
-            send, total = _simple(sendbuf, "sendbuf")
+            send, total = simple(sendbuf, "sendbuf")
             if send.dtype != recv.dtype:
                 raise ValueError(f"mismatch in send and receive datatypes: "
                                  f"{send.dtype} and {recv.dtype}")
@@ -241,26 +239,26 @@ class Comm:
                           recvcounts=recvcounts, op=op, pool=self.pool)
 
     def _allgather(self, sendbuf, recvbuf, algorithm):
-        recv, count = _simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
+        recv, count = simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
-            send, scount = _simple(sendbuf, "sendbuf")
-            _check_match(send, scount, recv, count)
+            send, scount = simple(sendbuf, "sendbuf")
+            check_match(send, scount, recv, count)
         return self._plan(api.plan_allgather, "allgather", algorithm, send, recv)
 
     def _allgatherv(self, sendbuf, recvbuf, algorithm):
-        recv, counts, displs = _vector(recvbuf, "recvbuf", self.comm.Get_size())
+        recv, counts, displs = vector(recvbuf, "recvbuf", self.comm.Get_size())
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
-            send, scount = _simple(sendbuf, "sendbuf")
+            send, scount = simple(sendbuf, "sendbuf")
             rank = self.comm.Get_rank()
-            _check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
+            check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
         return self._plan(api.plan_allgather, "allgather", algorithm, send, recv,
                           recvcounts=counts, displs=displs)
 
     def _bcast(self, buf, root, algorithm):
         is_root = self.comm.Get_rank() == root
-        data, _ = _simple(buf, "buf", writable=not is_root)
+        data, _ = simple(buf, "buf", writable=not is_root)
         return self._plan(api.plan_bcast, "bcast", algorithm, data, root=operator.index(root))
 
     def _gather_counts(self, count: int) -> list[int]:
@@ -362,183 +360,3 @@ def _check_algorithm(algorithm) -> None:
                                  f"expected one of {algorithms[collective]}")
     else:
         raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")
-
-
-# ---------------------------------------------------------------- buffer specs
-
-def _simple(spec, what: str, blocks: int = 0, writable: bool = False):
-    """Parse a buffer spec as mpi4py's ``message_simple``: return (view, count).
-
-    The view holds ``count * max(blocks, 1)`` items from the displacement on. With
-    ``blocks >= 2`` (Allgather's recvbuf) ``count`` is per block; if the spec gives
-    no count, the buffer must divide into the blocks.
-    """
-    buf, count, displ, datatype = _unpack(spec, vector=False)
-    data = _typed(buf, datatype, what, writable)
-    displ = 0 if displ is None else operator.index(displ)
-    if displ < 0:
-        raise ValueError(f"message: negative displacement {displ}")
-    if displ > data.size:
-        raise ValueError(f"message: displacement {displ} out of bounds, "
-                         f"number of datatype entries {data.size}")
-    left = data.size - displ
-    if count is None:
-        if blocks >= 2 and left % blocks:
-            raise ValueError(f"message: cannot infer count, number of entries {left} "
-                             f"is not a multiple of required number of blocks {blocks}")
-        count = left // max(blocks, 1)
-    count = operator.index(count)
-    if count < 0:
-        raise ValueError(f"message: negative count {count}")
-    items = count * max(blocks, 1)
-    if items > left:
-        raise ValueError(f"{what}: {items} items from displacement {displ} do not fit "
-                         f"in a buffer of {data.size}")
-    return data[displ : displ + items], count
-
-
-def _vector(spec, what: str, n: int):
-    """Parse a buffer spec as mpi4py's ``message_vector``: return (view, counts, displs)."""
-    buf, counts, displs, datatype = _unpack(spec, vector=True)
-    data = _typed(buf, datatype, what, writable=True)
-    if counts is None:  # as mpi4py: split the buffer as evenly as possible
-        base, extra = divmod(data.size, n)
-        counts = [base + (i < extra) for i in range(n)]
-    elif isinstance(counts, (int, np.integer)):
-        counts = [int(counts)] * n
-    else:
-        counts = [operator.index(c) for c in counts]
-    if len(counts) != n:
-        raise ValueError(f"expecting {n} counts, got {len(counts)}")
-    if displs is None:  # packed
-        displs = [sum(counts[:i]) for i in range(n)]
-    elif isinstance(displs, (int, np.integer)):  # strided
-        displs = [int(displs) * i for i in range(n)]
-    else:
-        displs = [operator.index(d) for d in displs]
-    if len(displs) != n:
-        raise ValueError(f"expecting {n} displs, got {len(displs)}")
-    return data, counts, displs
-
-
-def _unpack(spec, vector: bool):
-    """Split a spec into (buf, count, displ, datatype), any of the last three None."""
-    if not isinstance(spec, (list, tuple)):
-        return spec, None, None, None
-    # simple messages take (count, displ) as a tuple or a list; vector ones as a tuple
-    pair = tuple if vector else (tuple, list)
-    count = displ = datatype = None
-    if len(spec) == 2:
-        buf, count = spec
-        if isinstance(count, (MPI.Datatype, str)):
-            count, datatype = None, count
-        elif isinstance(count, pair):
-            count, displ = count
-    elif len(spec) == 3:
-        buf, count, datatype = spec
-        if isinstance(count, pair):
-            count, displ = count
-    elif len(spec) == 4:
-        buf, count, displ, datatype = spec
-    else:
-        raise ValueError("message: expecting 2 to 4 items")
-    return buf, count, displ, datatype
-
-
-def _typed(buf, datatype, what: str, writable: bool):
-    """All of `buf` as a 1-D array of `datatype`'s items (buf's own dtype if None), no copy."""
-    arr = _as_array(buf, what)
-    if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
-        raise BufferError(f"{what} is not writable")
-    if datatype is None:
-        dtype = arr.dtype
-        if dtype.kind not in _KINDS or not dtype.isnative:
-            raise TypeError(f"{what}: dtype {dtype} is not supported "
-                            "(native-order booleans, integers, floats, complex)")
-        return arr
-    dtype = _to_dtype(datatype, what)
-    if arr.dtype == dtype:
-        return arr
-    if arr.nbytes % dtype.itemsize:
-        raise ValueError(f"message: cannot infer count, buffer length {arr.nbytes} is not "
-                         f"a multiple of datatype extent {dtype.itemsize}")
-    return arr.view("u1").view(dtype)  # reinterpret the bytes, as MPI does
-
-
-def _as_array(buf, what: str):
-    """The memory of `buf` as a contiguous 1-D NumPy (host) or CuPy (device) array, no copy."""
-    if buf is None:
-        return np.empty(0, dtype=np.uint8)
-    if isinstance(buf, np.ndarray):
-        arr = np.asarray(buf)
-    elif hasattr(buf, "__cuda_array_interface__"):
-        import cupy
-
-        arr = cupy.asarray(buf)
-    else:
-        try:
-            view = memoryview(buf)  # bytearray, array.array, memoryview, ...
-        except TypeError:
-            if not hasattr(buf, "__dlpack__"):
-                raise TypeError(f"{what}: expecting a buffer or a list/tuple, "
-                                f"not {type(buf).__name__}") from None
-            arr = _from_dlpack(buf)
-        else:
-            if not view.contiguous:
-                raise BufferError(f"{what}: buffer is not contiguous")
-            try:
-                arr = np.asarray(view)
-            except (ValueError, TypeError, NotImplementedError):  # a format NumPy cannot read
-                arr = np.frombuffer(view.cast("B") if view.ndim != 1 else view, dtype=np.uint8)
-    if arr.flags.c_contiguous:
-        return arr.reshape(-1)
-    if arr.flags.f_contiguous:
-        return arr.reshape(-1, order="F")  # memory order: what MPI would send
-    raise BufferError(f"{what}: buffer is not contiguous (strides {arr.strides})")
-
-
-def _from_dlpack(buf):
-    device_type, _ = buf.__dlpack_device__()
-    if device_type == 1:  # kDLCPU
-        return np.from_dlpack(buf)
-    import cupy
-
-    return cupy.from_dlpack(buf)
-
-
-def _to_dtype(datatype, what: str) -> np.dtype:
-    """The NumPy dtype of a predefined MPI datatype; NotImplementedError for the others."""
-    if isinstance(datatype, str):
-        try:
-            datatype = MPI.Datatype.fromcode(datatype)
-        except (KeyError, ValueError):
-            raise KeyError(f"cannot map {datatype!r} to MPI datatype") from None
-    if not isinstance(datatype, MPI.Datatype):
-        raise TypeError(f"{what}: expecting an MPI.Datatype, not {type(datatype).__name__}")
-    if datatype == MPI.DATATYPE_NULL:
-        raise ValueError(f"{what}: MPI.DATATYPE_NULL is not a datatype of data")
-    while datatype.combiner == MPI.COMBINER_DUP:  # a duplicate is its base type
-        datatype = datatype.decode()[0]
-    if not datatype.is_predefined:
-        raise NotImplementedError(
-            f"{what}: derived datatypes (contiguous, vector, indexed, struct, ...) are not "
-            "supported by mpidp.Comm; pass a predefined datatype and a count")
-    try:
-        dtype = dtlib.to_numpy_dtype(datatype)
-    except (ValueError, KeyError, TypeError):
-        dtype = None
-    if (dtype is None or dtype.kind not in _KINDS or dtype.itemsize != datatype.Get_size()
-            or datatype.Get_extent() != (0, dtype.itemsize)):
-        raise NotImplementedError(
-            f"{what}: MPI datatype {datatype.Get_name() or datatype} is not supported by "
-            "mpidp.Comm (numbers and booleans are; pair types such as MPI.DOUBLE_INT are not)")
-    return dtype
-
-
-def _check_match(send, scount: int, recv, rcount: int, rwhat: str = "receive count") -> None:
-    """mpi4py's checks that a sendbuf and a recvbuf describe the same message."""
-    if send.dtype != recv.dtype:
-        raise ValueError(f"mismatch in send and receive datatypes: {send.dtype} and {recv.dtype}")
-    if scount != rcount:
-        raise ValueError(f"mismatch in send count {scount} and {rwhat} {rcount}")
-
