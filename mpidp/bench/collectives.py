@@ -12,7 +12,8 @@ Method (as nccl-tests and the OSU micro-benchmarks):
 
 - buffers are allocated once, at the largest size; each size uses views of them;
 - per size: warm-up iterations, then timed ones; an iteration runs native and
-  every algorithm once each, in turn (so a disturbance hits them alike), each
+  every algorithm once each, in turn (so a disturbance hits them alike; the
+  order rotates by one per iteration, so each follows each other alike), each
   call starting at a barrier, its time the slowest rank's; the table shows the
   median and the minimum over the timed iterations;
 - every result, warm-up included, is compared with the native result for the
@@ -58,7 +59,7 @@ TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 FULL_ITERS_UP_TO = 1 << 20  # above this size the iteration counts halve per doubling
-MIN_ITERS = 10
+MIN_ITERS = 20
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -104,7 +105,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--op", default="sum", choices=sorted(MPI_OPS))
     p.add_argument("--iters", type=int, default=50,
-                   help="timed iterations up to 1 MiB, halved per doubling above (min 10)")
+                   help="timed iterations up to 1 MiB, halved per doubling above (min 20)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations (scaled alike)")
     p.add_argument("--inplace", default="both", choices=["off", "on", "both"],
                    help="out of place, in place, or both (broadcast has one buffer)")
@@ -218,13 +219,18 @@ def time_rows(case: Case, calls: dict, warmup: int, iters: int) -> dict:
 
     Interleaved: iteration i runs every call once, native included, so that a
     disturbance lasting a while (another process taking a core for a few ms)
-    slows every algorithm of the row alike instead of one of them.
+    slows every algorithm of the row alike instead of one of them. The order
+    rotates by one each iteration, so that each call follows each other one
+    equally often: a call leaves caches and pages in a state that the next pays for.
     """
     comm = case.comm
     times = {name: np.zeros(iters) for name in calls}
     wrong = dict.fromkeys(calls, 0)
+    names = list(calls)
     for i in range(warmup + iters):
-        for name, call in calls.items():
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            call = calls[name]
             case.prepare()
             comm.Barrier()
             t0 = time.perf_counter()
