@@ -16,7 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpidp.bench.collectives import human, parse_size
+from mpidp.bench.output import human, parse_size
 from mpidp.collectives import ALGORITHMS, api, cost
 
 

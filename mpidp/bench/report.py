@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-from .collectives import COLLECTIVES, TITLES, human, placement, plot
+from .output import COLLECTIVES, TITLES, human, placement, plot
 
 KIB, MIB = 1 << 10, 1 << 20
 STANDARD_MAX = 64 * MIB

@@ -1,0 +1,152 @@
+"""What the benchmarks print and write: sizes, table rows, JSON, CSV and plots.
+
+Shared by ``python -m mpidp.bench collectives``, ``calibrate`` and the report
+generator (`mpidp.bench.report`), so that every table names sizes and
+placements alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import re
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
+TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
+          "allgather": "all-gather", "bcast": "broadcast"}
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: the fraction of the data each rank's link must carry."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather"):
+        return (n - 1) / n
+    return 1.0
+
+
+def parse_size(text: str) -> int:
+    """'8', '4K', '4KiB', '1MB', '64MiB' -> bytes (K, M, G are powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 4KiB, 64MiB)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def human(nbytes: float) -> str:
+    """Bytes in the binary units the sweep uses: 8 B, 4 KiB, 64 MiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def placement(inplace: bool | None) -> str:
+    return {False: "out-of-place", True: "in-place", None: "single buffer"}[inplace]
+
+
+def header() -> str:
+    return (f"{'size':>10s} {'count':>10s} {'algorithm':<30s} {'time(us)':>10s} "
+            f"{'min(us)':>10s} {'algbw':>7s} {'busbw':>7s} {'vs native':>9s} {'#wrong':>6s}")
+
+
+def label(row: dict) -> str:
+    """'auto (ring)' for auto, the name otherwise."""
+    if row["algorithm"] == "auto" and row.get("resolved"):
+        return f"auto ({row['resolved']})"
+    return row["algorithm"]
+
+
+def format_row(row: dict) -> str:
+    speedup = f"{row['speedup']:8.2f}x" if row.get("speedup") else f"{'-':>9s}"
+    return (f"{human(row['bytes']):>10s} {row['count']:>10d} {label(row):<30s} "
+            f"{row['time_us']:10.1f} {row['min_us']:10.1f} {row['algbw_gbps']:7.3f} "
+            f"{row['busbw_gbps']:7.3f} {speedup} {row['wrong']:6d}")
+
+
+def format_memory(rows: list[dict]) -> list[str]:
+    lines = ["", "# memory at the largest size: peak new allocation during one call "
+             "(tracemalloc, max over ranks)",
+             f"{'collective':<16s} {'placement':<14s} {'algorithm':<30s} {'size':>10s} "
+             f"{'first call':>12s} {'steady':>12s}"]
+    for r in rows:
+        if "mem_first_bytes" in r:
+            lines.append(f"{r['collective']:<16s} {placement(r['inplace']):<14s} "
+                         f"{label(r):<30s} {human(r['bytes']):>10s} "
+                         f"{human(r['mem_first_bytes']):>12s} {human(r['mem_steady_bytes']):>12s}")
+    return lines
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_json(path: str, meta: dict, rows: list[dict]) -> None:
+    """Metadata, then ``rows``: one row a line (readable diffs), floats to 6 digits."""
+    def short(row: dict) -> dict:
+        return {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()}
+
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in meta.items()]
+    body = ",\n".join("  " + json.dumps(short(r)) for r in rows)
+    with open(path, "w") as f:
+        f.write("{\n" + "\n".join(lines) + '\n "rows": [\n' + body + "\n ]\n}\n")
+
+
+CSV_FIELDS = ("collective", "algorithm", "resolved", "inplace", "bytes", "count", "dtype",
+              "ranks", "iters", "warmup", "time_us", "min_us", "algbw_gbps", "busbw_gbps",
+              "speedup", "wrong", "mem_first_bytes", "mem_steady_bytes")
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(rows: list[dict], meta: dict, path: str) -> None:
+    """One row of subplots per collective: busbw and latency against size, native dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
+    fig, axes = plt.subplots(len(collectives), 2, figsize=(11, 3.3 * len(collectives)),
+                             squeeze=False)
+    for (ax_bw, ax_t), collective in zip(axes, collectives, strict=True):
+        mine = [r for r in rows if r["collective"] == collective]
+        place = False if any(r["inplace"] is False for r in mine) else mine[0]["inplace"]
+        mine = [r for r in mine if r["inplace"] is place]
+        for algorithm in dict.fromkeys(r["algorithm"] for r in mine):
+            line = [r for r in mine if r["algorithm"] == algorithm]
+            x = [r["bytes"] for r in line]
+            style = {"linestyle": "--", "color": "black"} if algorithm == "native" else {}
+            ax_bw.plot(x, [r["busbw_gbps"] for r in line], marker=".", label=algorithm, **style)
+            ax_t.plot(x, [r["time_us"] for r in line], marker=".", label=algorithm, **style)
+        title = f"{TITLES[collective]}, {placement(place)}, {meta.get('ranks')} ranks"
+        ax_bw.set(title=title, xscale="log", xlabel="size (bytes)", ylabel="busbw (GB/s)")
+        ax_t.set(title=title, xscale="log", yscale="log", xlabel="size (bytes)",
+                 ylabel="time (µs, median)")
+        for ax in (ax_bw, ax_t):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=4))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
+            ax.grid(True, which="major", alpha=0.3)
+        ax_t.legend(fontsize=8)
+    fig.suptitle(f"mpidp collectives vs {meta.get('mpi_library_short', 'MPI')} "
+                 f"({meta.get('dtype')}, {meta.get('cpu')})", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
