@@ -1,0 +1,173 @@
+"""``python -m mpidp.cluster``: build an emulated cluster, run or benchmark on it, tear down.
+
+The subcommands (``run``, ``bench``, ``up``, ``down``, ``status``) are listed in
+the docstring of `mpidp.cluster`; ``bench-rank`` is what ``bench`` starts on
+every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+
+from . import SUBNET, Cluster, ClusterError, available, cleanup, names
+from . import __doc__ as cluster_doc
+
+# ---------------------------------------------------------------- benchmark
+
+def bench_rank(sizes_mib: list[float], iters: int, rate_bps: float | None) -> None:
+    """The ranks' side of ``bench``: busbw of native vs each mpidp all-reduce, per size.
+
+    Sizes and algorithms are interleaved in one run, so a ratio compares figures
+    taken under the same load. busbw = bytes·2(N-1)/N / time, the rate each link
+    must carry for a bandwidth-optimal all-reduce: it can never beat the link rate.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    from ..collectives import api
+
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    algorithms = [a for a in api.ALGORITHMS["allreduce"] if a != "auto"]
+    if comm.Get_rank() == 0:
+        link = f"{rate_bps / 1e9:.3f} GB/s" if rate_bps else "unlimited"
+        print(f"# {n} ranks; link {link}; busbw in GB/s (median of {iters}); "
+              "ratio = mpidp / native; link% = busbw / link rate", flush=True)
+    for size in sizes_mib:
+        x = np.ones(max(1, int(size * 2**20) // 4), dtype=np.float32)
+        row = {}
+        for name in ("native", *algorithms):
+            times = []
+            for i in range(iters + 1):  # the first one warms up connections and pools
+                comm.Barrier()
+                t0 = MPI.Wtime()
+                if name == "native":
+                    comm.Allreduce(MPI.IN_PLACE, x)
+                else:
+                    api.allreduce(comm, api.IN_PLACE, x, algorithm=name)
+                dt = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+                if i:
+                    times.append(dt)
+                x.fill(1.0)
+            row[name] = x.nbytes * 2 * (n - 1) / n / float(np.median(times)) / 1e9
+        if comm.Get_rank() == 0:
+            for name, busbw in row.items():
+                pct = f"{100 * busbw * 1e9 / rate_bps:5.0f}%" if rate_bps else ""
+                print(f"{size:8.2f} MiB  {name:>18}  {busbw:7.4f}  "
+                      f"ratio {busbw / row['native']:5.2f}  link{pct}", flush=True)
+
+
+def _rate_bps(rate: str | None) -> float | None:
+    """tc's "1gbit" / "100mbit" / "500kbit" in bytes per second."""
+    if not rate:
+        return None
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    raise ValueError(f"rate {rate!r}: use gbit, mbit or kbit")
+
+
+# ---------------------------------------------------------------- command line
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mpidp.cluster",
+                                description=cluster_doc.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def shape(q):
+        q.add_argument("--hosts", type=int, default=2, help="emulated hosts (default 2)")
+        q.add_argument("--rate", default="1gbit", help="link rate, tc units; 'none' for no limit")
+        q.add_argument("--delay", default="none",
+                       help="one-way delay, e.g. 0.1ms (needs netem); default none")
+        q.add_argument("--subnet", default=SUBNET)
+
+    run = sub.add_parser("run", help="build, run a command across the hosts, tear down")
+    shape(run)
+    run.add_argument("-n", "--np", type=int, help="ranks (default: one per host)")
+    run.add_argument("--ppn", type=int, help="ranks per host")
+    run.add_argument("--nolocal", action="store_true",
+                     help="no shared memory even between ranks of one host (MPIR_CVAR_NOLOCAL=1)")
+    run.add_argument("--timeout", type=float, help="kill the job after this many seconds")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
+    bench = sub.add_parser("bench", help="all-reduce busbw across the hosts, mpidp vs native")
+    shape(bench)
+    bench.add_argument("--ppn", type=int, default=1, help="ranks per host")
+    bench.add_argument("--sizes", default="0.25,1,4,16", help="MiB, comma-separated")
+    bench.add_argument("--iters", type=int, default=3)
+    rank = sub.add_parser("bench-rank", help=argparse.SUPPRESS)
+    rank.add_argument("sizes")
+    rank.add_argument("iters", type=int)
+    rank.add_argument("rate")
+    up = sub.add_parser("up", help="build and leave up (one cluster at a time)")
+    shape(up)
+    sub.add_parser("down", help="tear down everything mpidp.cluster made")
+    sub.add_parser("status", help="list our namespaces and links")
+    return p
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with cluster`: torn down as on Ctrl-C
+
+
+def main(args: list[str] | None = None) -> int:
+    a = _parser().parse_args(args)
+    signal.signal(signal.SIGTERM, _terminate)
+    if a.cmd == "bench-rank":
+        bench_rank([float(v) for v in a.sizes.split(",")], a.iters, _rate_bps(
+            None if a.rate == "none" else a.rate))
+        return 0
+    if a.cmd in ("down", "status"):
+        ok, why = available()
+        if not ok:
+            print(f"mpidp.cluster: {why}", file=sys.stderr)
+            return 2
+        if a.cmd == "down":
+            gone = cleanup()
+            print("removed: " + (" ".join(gone) or "nothing"))
+        else:
+            ns, links = names()
+            print("namespaces:", " ".join(ns) or "none")
+            print("links:", " ".join(links) or "none")
+        return 0
+    rate = None if a.rate == "none" else a.rate
+    delay = None if a.delay == "none" else a.delay
+    cluster = Cluster(a.hosts, rate, delay, subnet=a.subnet)
+    try:
+        if a.cmd == "up":
+            cluster.up()
+            cluster._lock.close()  # leave it up for others to use by hand
+            argv = cluster.mpiexec_argv(a.hosts, ["python", "script.py"])
+            print(f"{a.hosts} hosts up: {' '.join(cluster.addresses)} "
+                  f"({rate or 'no rate limit'}, {delay or 'no delay'})")
+            print("run:  " + shlex.join(argv))
+            print("down: python -m mpidp.cluster down")
+            return 0
+        if a.cmd == "bench":
+            with cluster:
+                return cluster.run(a.hosts * a.ppn, [
+                    sys.executable, "-m", "mpidp.cluster", "bench-rank", a.sizes,
+                    str(a.iters), a.rate], ppn=a.ppn).returncode
+        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        if not argv:
+            print("mpidp.cluster run: give a command after --", file=sys.stderr)
+            return 2
+        with cluster:
+            result = cluster.run(a.np or a.hosts * (a.ppn or 1), argv, ppn=a.ppn,
+                                 nolocal=a.nolocal, timeout=a.timeout)
+        if cluster.timed_out:
+            print(f"mpidp.cluster: job killed after {a.timeout} s", file=sys.stderr)
+        return result.returncode
+    except ClusterError as e:
+        print(f"mpidp.cluster: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mpidp.cluster: interrupted; torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
