@@ -32,6 +32,7 @@ from mpi4py import MPI
 EXIT_TIMEOUT = 124  # the code `timeout(1)` uses
 EXIT_ERROR = 1
 ABORT_GRACE_S = 5.0  # if Abort itself cannot finish (mpiexec out of reach), exit anyway
+MESSAGE_S = 0.5  # between the message and Abort: time for mpiexec to forward the message
 
 
 def timeout_from_env(default: float | None = None) -> float | None:
@@ -68,6 +69,10 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
                      "aborting the job\n")
     sys.stderr.flush()
+    # The message travels to mpiexec through this host's proxy, and the abort by
+    # another channel; were the abort first, mpiexec could tear the job down with
+    # the message still in the pipe. A failed job can spare half a second.
+    time.sleep(MESSAGE_S)
     # MPI_Abort asks mpiexec to kill every rank; if mpiexec is out of reach (our own
     # link is down) it may block, so a second timer makes sure this process ends.
     killer = threading.Timer(ABORT_GRACE_S, os._exit, (code,))

@@ -116,7 +116,7 @@ def best(m: Model, collective: str, names: tuple, nbytes: int, p: int) -> str:
 
 # ------------------------------------------------------------ the per-comm model
 
-# id(comm) -> (weak reference to comm, its model, {(collective, nbytes): name})
+# id(comm) -> (weak reference to comm, its model, {(collective, names, nbytes): name})
 _answers: dict[int, tuple] = {}
 
 
@@ -137,13 +137,12 @@ def choose(comm, tag: int, collective: str, names: tuple, nbytes: int) -> str:
         except TypeError:  # an object without weak references: ask every time
             return best(model(comm, tag), collective, names, nbytes, comm.Get_size())
         entry = _answers[key] = (ref, model(comm, tag), {})
-    answers = entry[2]
-    name = answers.get((collective, nbytes))
+    answers, question = entry[2], (collective, names, nbytes)
+    name = answers.get(question)
     if name is None:
         if len(answers) > 4096:  # a run with ever new sizes: start again
             answers.clear()
-        name = answers[collective, nbytes] = best(entry[1], collective, names, nbytes,
-                                                   comm.Get_size())
+        name = answers[question] = best(entry[1], collective, names, nbytes, comm.Get_size())
     return name
 
 
