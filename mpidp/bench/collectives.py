@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"# iterations: {args.warmup} warm-up + {args.iters} timed per size up to "
         f"{human(FULL_ITERS_UP_TO)}, halved per doubling above (at least 1 + "
         f"{min(args.iters, MIN_ITERS)}); each iteration runs every algorithm once, "
-        "in turn, a barrier before each call")
+        "in turn, the order rotating by one per iteration, a barrier before each call")
     log("# time: slowest rank per iteration, median (and min) over iterations; "
         "busbw = algbw x (all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, bcast 1)")
     log("# vs native: native time / this time (>1: faster than the MPI library); "
