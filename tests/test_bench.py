@@ -167,6 +167,26 @@ def test_report_writes_the_page_and_plots(tmp_path):
     assert "0 wrong items" in page
 
 
+def test_report_writes_the_overlap_tables_from_the_runs_json(tmp_path):
+    """docs/overlap.md's tables are the JSON's numbers, not typed by hand."""
+    run = {"ranks": 2, "sizes": [4, 3, 2], "batch": 8, "dtype": "float32", "bucket_mb": 0.0,
+           "algorithm": "ring", "modes": {
+               "compute": {"step_ms": 1.0, "backward_ms": 0.5, "exposed_comm_ms": 0.0},
+               "serial": {"step_ms": 2.0, "backward_ms": 0.5, "exposed_comm_ms": 1.0},
+               "overlap": {"step_ms": 1.5, "backward_ms": 0.75, "exposed_comm_ms": 0.25,
+                           "hidden_fraction": 0.5}}}
+    (tmp_path / "overlap-n2.json").write_text(json.dumps(run))
+    doc = tmp_path / "overlap.md"
+    doc.write_text(f"a\n{report.OVERLAP_BEGIN}\nold\n{report.OVERLAP_END}\nz\n")
+    paths = [str(tmp_path / "overlap-n2.json")]
+    assert report.replace_marked(str(doc), report.OVERLAP_BEGIN, report.OVERLAP_END,
+                                 report.overlap_tables(paths))
+    text = doc.read_text()
+    assert "old" not in text and text.startswith("a\n") and text.endswith("z\n")
+    assert "| serial | 2.00 | 0.50 | 1.00 |  |" in text
+    assert "| overlap | 1.50 | 0.75 | 0.25 | +0.50 |" in text
+
+
 def test_report_updates_the_readme_headline_between_its_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_BEGIN}\nold numbers\n{report.README_END}\nend\n")
