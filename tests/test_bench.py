@@ -29,7 +29,7 @@ NCCL_TESTS_BUS_FACTOR = {
     "bcast": lambda n: 1.0,
 }
 ROW_KEYS = {"collective", "algorithm", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
-            "min_us", "count", "inplace", "speedup", "resolved"}
+            "min_us", "count", "inplace", "speedup", "resolved", "persistent"}
 META_KEYS = {"date", "cpu", "cores", "mpi_library", "mpi4py", "numpy", "ranks", "rows"}
 
 
@@ -59,13 +59,16 @@ def test_collectives_sweep_checks_every_algorithm_against_native(mpi_ranks, shar
         for place in ([None] if collective == "bcast" else [False, True]):
             mine = [r for r in rows if r["collective"] == collective and r["inplace"] is place]
             assert {r["algorithm"] for r in mine} == {"native", *names}, (collective, place)
+            persistent = {r["algorithm"] for r in mine if r["persistent"]}
+            assert persistent == {"native", "auto"}, (collective, place)  # *_init, timed too
             assert all(r["resolved"] in names[:-1] for r in mine if r["algorithm"] == "auto")
             if collective in ("reduce_scatter", "allgather"):  # whole blocks: N divides count
                 assert all(r["count"] % n == 0 for r in mine)
             largest = max(r["bytes"] for r in mine)
-            for r in mine:  # memory measured at the largest size, for mpidp's algorithms
+            for r in mine:  # memory measured at the largest size, for mpidp's plain calls
                 measured = r.get("mem_first_bytes") is not None
-                assert measured == (r["bytes"] == largest and r["algorithm"] != "native")
+                assert measured == (r["bytes"] == largest and r["algorithm"] != "native"
+                                    and not r["persistent"])
     with open(table) as f:
         assert len(list(csv.DictReader(f))) == len(rows)
 

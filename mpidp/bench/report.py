@@ -39,14 +39,14 @@ def group(rows: list[dict]) -> dict:
     """{(collective, inplace): {bytes: {algorithm: row}}}, in sweep order."""
     out: dict = {}
     for r in rows:
-        out.setdefault((r["collective"], r["inplace"]), {}).setdefault(r["bytes"], {})[
-            r["algorithm"]] = r
+        name = r["algorithm"] + (" persistent" if r.get("persistent") else "")
+        out.setdefault((r["collective"], r["inplace"]), {}).setdefault(r["bytes"], {})[name] = r
     return out
 
 
 def mpidp_names(by_alg: dict) -> list[str]:
-    """The algorithms of one size other than native and auto."""
-    return [a for a in by_alg if a not in ("native", "auto")]
+    """The algorithms of one size other than native and auto (plain calls, not persistent)."""
+    return [a for a in by_alg if a not in ("native", "auto") and not a.endswith(" persistent")]
 
 
 def best_mpidp(by_alg: dict) -> dict | None:
@@ -231,7 +231,7 @@ def tables(run: dict) -> list[str]:
                 cell = f"{r['time_us']:.1f}"
                 if native and r["time_us"] > 0:
                     cell += f" ({native['time_us'] / r['time_us']:.2f}x)"
-                if a == "auto" and r.get("resolved"):
+                if a.startswith("auto") and r.get("resolved"):
                     cell += f" [{r['resolved']}]"
                 cells.append(cell)
             best = best_mpidp(by_alg)

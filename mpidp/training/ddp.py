@@ -11,7 +11,8 @@ The gradients live in a few flat buffers, the buckets (`buckets.py`), whole
 layers in the order backward produces them, last layer first, each closed once
 it reaches ``bucket_mb`` (the first at ``first_bucket_mb``, small, so the first
 all-reduce starts early). The model calls ``on_grad(i)`` after layer i; when a
-bucket's last layer is done its nonblocking all-reduce (average) starts, and
+bucket's last layer is done its all-reduce (average; persistent, planned once
+at construction, `mpidp.allreduce_init`) is started, and
 the ones in flight are advanced with ``test()``, since a schedule moves to its
 next round only when someone calls into it (or an optional progress thread
 does). For a 4-layer MLP with one layer per bucket (overlap=True):
@@ -100,6 +101,9 @@ class DataParallel:
         if debug:
             self.check_replicas()
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
+        for b in self.buckets:  # planned once: each step only starts them
+            b.plan = mp.allreduce_init(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
+                                       algorithm=algorithm)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
@@ -171,8 +175,8 @@ class DataParallel:
 
     def _launch(self, b: Bucket) -> None:
         b.launched = time.perf_counter()
-        b.request = mp.iallreduce(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
-                                  algorithm=self.algorithm)
+        b.plan.Start()
+        b.request = b.plan.request
         if self._thread is not None:
             self._work.set()
 
@@ -201,6 +205,8 @@ class DataParallel:
             self._work.set()
             self._thread.join()
             self._thread = None
+        for b in self.buckets:
+            b.plan.Free()
         if self._dup is not None:
             self._dup.Free()  # self.comm is now MPI.COMM_NULL: a later collective raises
             self._dup = None
