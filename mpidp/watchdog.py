@@ -18,8 +18,10 @@ its peers wait for it forever. The tools here, none touching the schedule engine
 - `wait(handle, timeout)` drives a nonblocking collective with ``test()``
   and raises `TimeoutError` at the deadline.
 
-``MPIDP_TIMEOUT`` (seconds, finite and > 0) overrides the default of all three,
-so a launcher can arm every run: ``mpiexec -genv MPIDP_TIMEOUT 60 ...``.
+``MPIDP_TIMEOUT`` (seconds, finite and > 0) is the deadline of a `guard` or a
+`wait` not given one, so a launcher can arm every run: ``mpiexec -genv
+MPIDP_TIMEOUT 60 ...`` (for ``guard("auto")``: after start-up, which gets at
+least ``DEFAULT_FLOOR_S``).
 """
 
 from __future__ import annotations
@@ -164,10 +166,12 @@ class Dog:
         timeout: seconds, None for no deadline, or "auto": ``max(floor, factor x``
             the longest stretch between two kicks so far); before the first kick
             (start-up), the floor.
+        startup: the deadline before the first kick, if not `timeout`'s.
     """
 
     def __init__(self, timeout: float | str | None, what: str, comm,
-                 floor: float | None = None, factor: float | None = None):
+                 floor: float | None = None, factor: float | None = None,
+                 startup: float | None = None):
         self.auto = timeout == "auto"
         self.floor = DEFAULT_FLOOR_S if floor is None else floor
         self.factor = DEFAULT_FACTOR if factor is None else factor
@@ -175,7 +179,8 @@ class Dog:
         self.longest, self.kicks = 0.0, 0
         self.what, self.comm = what, comm
         self.last = time.monotonic()
-        self.deadline = None if timeout is None else self.last + self.timeout
+        self.allowed = self.timeout if startup is None else startup  # this stretch's
+        self.deadline = None if timeout is None else self.last + self.allowed
         self._stop = threading.Event()
         self._thread = None
         if timeout is not None:
@@ -193,7 +198,8 @@ class Dog:
                 self.longest = max(self.longest, now - self.last)
             self.timeout = max(self.floor, self.factor * self.longest)
         self.kicks += 1
-        self.last, self.deadline = now, now + self.timeout
+        self.allowed = self.timeout
+        self.last, self.deadline = now, now + self.allowed
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,7 +209,7 @@ class Dog:
         while not self._stop.wait(min(1.0, max(0.0, self.deadline - time.monotonic()))):
             if time.monotonic() >= self.deadline:  # not kicked meanwhile
                 how = "the default deadline; set MPIDP_TIMEOUT to change it, " if self.auto else ""
-                abort(f"{self.what} made no progress for {self.timeout:g} s ({how}"
+                abort(f"{self.what} made no progress for {self.allowed:g} s ({how}"
                       "a peer died, hangs or disagrees, or a link is down?)",
                       EXIT_TIMEOUT, self.comm)
 
@@ -221,17 +227,23 @@ def guard(timeout: float | str | None = None, what: str = "run", comm=None) -> I
 
     Args:
         timeout: seconds; None reads ``MPIDP_TIMEOUT``, and if that is unset, no
-            deadline (exceptions still abort); "auto" reads ``MPIDP_TIMEOUT``, and if
-            that is unset, the default deadline: ``DEFAULT_FLOOR_S`` to the first
-            kick, then ``max(DEFAULT_FLOOR_S, DEFAULT_FACTOR x`` the longest stretch
-            between kicks so far).
+            deadline (exceptions still abort). "auto" (the trainer's): start-up, to
+            the first kick, may last ``DEFAULT_FLOOR_S`` (or ``MPIDP_TIMEOUT`` if
+            longer: it holds one-off work, imports, calibration); after it, each
+            stretch between kicks ``MPIDP_TIMEOUT``, or if that is unset,
+            ``max(DEFAULT_FLOOR_S, DEFAULT_FACTOR x`` the longest stretch so far).
         what: named in the message.
     """
-    if timeout is None or timeout == "auto":
-        timeout = timeout_from_env(None if timeout is None else "auto")
+    startup = None
+    if timeout == "auto":
+        fixed = timeout_from_env()
+        if fixed is not None:
+            timeout, startup = fixed, max(fixed, DEFAULT_FLOOR_S)
+    elif timeout is None:
+        timeout = timeout_from_env()
     else:
         timeout = check_timeout(timeout)
-    dog = Dog(timeout, what, comm)
+    dog = Dog(timeout, what, comm, startup=startup)
     try:
         yield dog
     except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it

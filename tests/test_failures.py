@@ -353,3 +353,18 @@ def test_the_default_deadline_grows_with_the_longest_stretch_between_kicks(monke
     finally:
         dog.stop()
     assert watchdog.DEFAULT_FLOOR_S == 60 and watchdog.DEFAULT_FACTOR == 10  # as documented
+
+
+def test_mpidp_timeout_replaces_the_default_after_start_up(monkeypatch):
+    monkeypatch.setattr(watchdog, "abort", lambda *a, **k: pytest.fail("aborted"))
+    monkeypatch.setenv("MPIDP_TIMEOUT", "5")
+    with watchdog.guard("auto", "test") as dog:
+        assert dog.allowed == watchdog.DEFAULT_FLOOR_S  # start-up: one-off work, the floor
+        dog.kick()
+        assert dog.allowed == 5.0  # each stretch after it: MPIDP_TIMEOUT's, fixed
+    monkeypatch.setenv("MPIDP_TIMEOUT", "600")
+    with watchdog.guard("auto", "test") as dog:
+        assert dog.allowed == 600.0
+    with watchdog.guard(7, "test") as dog:  # a number: every stretch, start-up included
+        assert dog.allowed == 7.0
+
