@@ -74,7 +74,7 @@ bench: $(STAMP)
 	    cat docs/bench/calibrate-n$$n.txt; fi; \
 	done
 	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
-	  --readme README.md --note "$(BENCH_NOTE)"
+	  --readme README.md --overlap-doc docs/overlap.md --note "$(BENCH_NOTE)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ SUBCOMMANDS = {
     "collectives": "mpidp.bench.collectives",  # nccl-tests style sweep against native MPI
     "overlap": "mpidp.bench.overlap",  # trainer: compute only / serial / overlapped steps
     "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
+    "guard": "mpidp.bench.guard",  # what the tag signature and MPIDP_DEBUG=1 cost per call
 }
 
 

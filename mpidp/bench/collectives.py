@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import os
 import platform
 import statistics
@@ -48,7 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives import api
-from ..collectives.buffers import ScratchPool
+from ..collectives.state import state
 from .output import (
     COLLECTIVES,
     TITLES,
@@ -170,7 +169,7 @@ class Case:
         return partial(comm.Bcast, self.recv, root=0)
 
     def mpidp(self, algorithm: str, **kw):
-        """mpidp's entry point for this collective, arguments bound (``kw``: e.g. ``pool``)."""
+        """mpidp's entry point for this collective, arguments bound."""
         comm, send = self.comm, (api.IN_PLACE if self.inplace else self.send)
         if self.collective == "allreduce":
             return partial(api.allreduce, comm, send, self.recv, op=self.op,
@@ -189,12 +188,6 @@ class Case:
 
     def wrong(self) -> int:
         return int(np.count_nonzero(self.result != self.want))
-
-
-def takes_pool(collective: str) -> bool:
-    """Does mpidp's entry point for this collective accept a ScratchPool (``pool=``)?"""
-    plan = getattr(api, f"plan_{collective}")
-    return "pool" in inspect.signature(plan).parameters
 
 
 def time_rows(case: Case, calls: dict, warmup: int, iters: int) -> dict:
@@ -318,8 +311,8 @@ def memory(case: Case, algorithm: str) -> dict:
     tracemalloc.start()
     try:
         steady = peak_memory(case, case.mpidp(algorithm))
-        fresh = {"pool": ScratchPool()} if takes_pool(case.collective) else {}
-        first = peak_memory(case, case.mpidp(algorithm, **fresh))
+        state(case.comm).pool.clear()  # the first call of a fresh communicator
+        first = peak_memory(case, case.mpidp(algorithm))
     finally:
         tracemalloc.stop()
     if case.wrong():

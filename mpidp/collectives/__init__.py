@@ -3,9 +3,11 @@
 from .api import (
     ALGORITHMS,
     IN_PLACE,
+    TAG_BASE,
     allgather,
     allreduce,
     bcast,
+    check_algorithm,
     iallgather,
     iallreduce,
     ibcast,
@@ -13,15 +15,17 @@ from .api import (
     reduce_scatter,
 )
 from .blocks import Blocks
-from .buffers import ScratchPool
-from .comm import Comm, Request
+from .buffers import ScratchPool, as_host
+from .checks import check_buffer
+from .comm import Comm, duplicate
 from .counting import CountingComm
 from .ops import AVG, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
-from .schedule import Handle, testall, waitall
+from .schedule import Handle, Request, testall, waitall
 
 __all__ = [
     "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "Handle", "IN_PLACE", "MAX", "MIN",
-    "OPS", "Op", "PROD", "Request", "SUM", "ScratchPool", "allgather", "allreduce", "bcast",
-    "iallgather", "iallreduce", "ibcast", "ireduce_scatter", "reduce_scatter", "resolve_op",
-    "testall", "waitall",
+    "OPS", "Op", "PROD", "Request", "SUM", "ScratchPool", "TAG_BASE", "allgather", "allreduce",
+    "as_host", "bcast", "check_algorithm", "check_buffer", "duplicate", "iallgather",
+    "iallreduce", "ibcast", "ireduce_scatter", "reduce_scatter", "resolve_op", "testall",
+    "waitall",
 ]
