@@ -78,14 +78,14 @@ SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code, message
             raise ValueError("bad input on rank 1")
         MPI.COMM_WORLD.Barrier()
     """, 1, "script.py failed: ValueError: bad input on rank 1"),
-    "counts differ": ("""
+    "bad buffer on one rank": ("""
         import numpy as np, mpidp
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-        x = np.ones(1000 + 100 * (comm.rank == 1))  # a user error; no debug check on
-        for _ in range(3):
-            mpidp.allreduce(comm, mpidp.IN_PLACE, x, algorithm="ring")
-    """, 1, "script.py failed: "),
+        x = np.ones(2000)
+        send = x[::2] if comm.rank == 1 else x[:1000]  # rank 1's is not contiguous
+        mpidp.allreduce(comm, send, np.empty(1000))  # the others wait for rank 1 in it
+    """, 1, "script.py failed: ValueError: sendbuf must be C-contiguous"),
     "raises mid-collective": ("""
         import numpy as np, mpidp
         from mpi4py import MPI
@@ -107,7 +107,7 @@ SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code, message
 }
 
 
-@pytest.mark.parametrize("case, n", [("raises", 2), ("counts differ", 3),
+@pytest.mark.parametrize("case, n", [("raises", 2), ("bad buffer on one rank", 3),
                                      ("raises mid-collective", 4), ("exits 3", 3)])
 def test_the_launcher_ends_the_job_when_one_rank_fails(tmp_path, case, n):
     body, exit_code, message = SCRIPTS[case]
