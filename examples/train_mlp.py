@@ -276,14 +276,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
         dog.kick()  # the epoch's evaluation, all-reduce and checkpoint are done
-    if tracer is not None:
-        tracer.write(args.trace, comm)
-        if rank == 0:
-            print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
-        dog.kick()
     if metrics is not None:
         metrics.close()
+    if tracer is not None:
+        tracer.write(args.trace, comm)
+        dog.kick()
     ddp.close()
+    if tracer is not None and rank == 0:  # the last line: where the timeline is
+        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw it: "
+              f"python -m mpidp.trace plot {args.trace} -o timeline.png)")
     return 0
 
 

@@ -15,8 +15,8 @@ its peers wait for it forever. The tools here, none touching the schedule engine
   deadline of ``DEFAULT_FLOOR_S`` until the first kick, then of ``max(DEFAULT_FLOOR_S,
   DEFAULT_FACTOR x the longest stretch between two kicks so far)``. The timer
   costs nothing while the code runs;
-- `wait(handle, timeout)` drives a nonblocking collective with ``test()``
-  and raises `TimeoutError` at the deadline.
+- `wait(handle, timeout)` completes a nonblocking collective (`Request.wait`)
+  and raises `TimeoutError`, naming the rank and the round, at the deadline.
 
 ``MPIDP_TIMEOUT`` (seconds, finite and > 0) is the deadline of a `guard` or a
 `wait` not given one, so a launcher can arm every run: ``mpiexec -genv
@@ -79,19 +79,13 @@ def wait(handle, timeout: float | None = None, *, what: str = "collective") -> N
         timeout: seconds; None reads ``MPIDP_TIMEOUT``; if that is unset too, wait forever.
     """
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
-    if timeout is None:
-        handle.wait()
-        return
-    deadline = time.monotonic() + timeout
-    pause = 1e-6
-    while not handle.test():
-        if time.monotonic() > deadline:
-            rank = MPI.COMM_WORLD.Get_rank()
-            raise TimeoutError(f"rank {rank}: {what} not complete after {timeout:g} s "
-                               f"(round {getattr(handle, 'rounds', '?')}): "
-                               "a peer is dead or its link is down")
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)  # back off to 1 ms: little CPU, little added latency
+    try:
+        handle.wait(timeout)  # mpidp's one completion policy (schedule.waitall)
+    except TimeoutError:
+        rank = MPI.COMM_WORLD.Get_rank()
+        raise TimeoutError(f"rank {rank}: {what} not complete after {timeout:g} s "
+                           f"(round {getattr(handle, 'rounds', '?')}): a peer is dead, hangs "
+                           "or disagrees on the arguments, or its link is down") from None
 
 
 def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
