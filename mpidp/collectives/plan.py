@@ -35,7 +35,11 @@ class Call:
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
         if persistent and self.slot is not None:
-            self.state.hold(self.slot)
+            try:
+                self.state.hold(self.slot)
+            except RuntimeError:
+                self.state.release(self.slot)
+                raise
 
     def tag(self, collective: str, count, dtype, op: Op | None, algorithm: str,
             root: int | None = None) -> int:
