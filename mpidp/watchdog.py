@@ -26,7 +26,6 @@ least ``DEFAULT_FLOOR_S``).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -36,6 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mpi4py import MPI
+
+from .collectives.schedule import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
 
 EXIT_TIMEOUT = 124  # the code `timeout(1)` uses
 EXIT_ERROR = 1
@@ -50,26 +51,6 @@ DEFAULT_FACTOR = 10.0
 
 class ExitAll(SystemExit):
     """Every rank raises this at the same point (after agreeing): exit, no Abort needed."""
-
-
-def check_timeout(value, name: str = "timeout") -> float:
-    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
-        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
-    return seconds
-
-
-def timeout_from_env(default: float | None = None) -> float | None:
-    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
-
-    ValueError if it is set to anything but a finite number > 0.
-    """
-    value = os.environ.get("MPIDP_TIMEOUT", "")
-    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
 
 
 def wait(handle, timeout: float | None = None, *, what: str = "collective") -> None:

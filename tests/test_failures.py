@@ -107,6 +107,23 @@ SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code, message
 }
 
 
+def test_ranks_that_disagree_end_at_mpidp_timeout_under_the_launcher(tmp_path):
+    """Counts differ (no debug check): the signatures keep the ranks apart, the collective
+    stalls, and MPIDP_TIMEOUT bounds the blocking call: TimeoutError, exit 124."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, mpidp
+        from mpi4py import MPI
+        n = 10 + MPI.COMM_WORLD.rank % 2  # the odd ranks pass one item more
+        mpidp.allreduce(MPI.COMM_WORLD, np.ones(n), np.empty(n))
+    """))
+    env = {**os.environ, "MPIDP_TIMEOUT": "3", "MPIDP_DEBUG": "0"}
+    code, out, err, seconds = mpiexec(3, [sys.executable, "-m", "mpidp", str(script)], env)
+    assert code == watchdog.EXIT_TIMEOUT, report(code, out, err, seconds)
+    assert "TimeoutError" in err and "disagree" in err, report(code, out, err, seconds)
+    assert seconds < 30, report(code, out, err, seconds)
+
+
 @pytest.mark.parametrize("case, n", [("raises", 2), ("bad buffer on one rank", 3),
                                      ("raises mid-collective", 4), ("exits 3", 3)])
 def test_the_launcher_ends_the_job_when_one_rank_fails(tmp_path, case, n):

@@ -33,6 +33,7 @@ rank would take the time its peers need.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -92,9 +93,52 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
         finish()
 
 
+def check_timeout(value, name: str = "timeout") -> float:
+    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
+        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
+    return seconds
+
+
+def timeout_from_env(default: float | None = None) -> float | None:
+    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
+
+    ValueError if it is set to anything but a finite number > 0.
+    """
+    value = os.environ.get("MPIDP_TIMEOUT", "")
+    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
+
+
+_UNSET = object()
+_default_timeout = _UNSET
+
+
+def default_timeout() -> float | None:
+    """``MPIDP_TIMEOUT`` (seconds), read once: the deadline of every wait not given one.
+
+    Set, it bounds blocking collectives and waits alike (TimeoutError), so that a
+    program whose ranks disagree, or whose peer died, ends instead of hanging.
+    """
+    global _default_timeout
+    if _default_timeout is _UNSET:
+        _default_timeout = timeout_from_env()
+    return _default_timeout
+
+
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
         stager: Stager | None = None) -> int:
-    """Run a schedule to completion (the blocking collective); return its round count."""
+    """Run a schedule to completion (the blocking collective); return its round count.
+
+    With ``MPIDP_TIMEOUT`` set, the rounds are polled against that deadline instead.
+    """
+    if default_timeout() is not None:
+        request = Request(comm, rounds, tag, on_done, stager)
+        request.wait()
+        return request.rounds
     count = 0
     for round_ in rounds:
         exchange(comm, round_, tag, stager)
@@ -174,12 +218,14 @@ class Request:
             self._lock.release()
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the collective is complete; TimeoutError after `timeout` seconds.
+        """Block until the collective is complete; TimeoutError after `timeout` seconds
+        (None: ``MPIDP_TIMEOUT``, if set; else no limit).
 
         After a timeout the collective is still in flight: its messages stay posted
         and may yet complete (call `wait` again). A peer that never joins it leaves
         the communicator unusable for mpidp's collectives: free it or end the job.
         """
+        timeout = default_timeout() if timeout is None else timeout
         if timeout is not None:
             waitall([self], timeout)
             return
@@ -221,19 +267,16 @@ class Request:
 Handle = Request  # the name the documents used first; one class
 
 
-def done_request() -> Request:
-    """A Request with nothing to do (count 0, one rank)."""
-    return Request(None, iter(()), 0)
-
-
 def waitall(requests: Iterable, timeout: float | None = None) -> None:
     """Complete every request (mpidp's or mpi4py's), in any order the peers allow.
 
     Each pass advances every pending one without blocking, then yields the core
     (`os.sched_yield`) to the processes the peers run in. TimeoutError after
-    `timeout` seconds, with the requests still in flight (see `Request.wait`).
+    `timeout` seconds (None: ``MPIDP_TIMEOUT``, if set), with the requests still in
+    flight (see `Request.wait`).
     """
     pending = list(requests)
+    timeout = default_timeout() if timeout is None else timeout
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         pending = [r for r in pending if not _test(r)]
