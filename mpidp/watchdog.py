@@ -36,7 +36,7 @@ from contextlib import contextmanager
 
 from mpi4py import MPI
 
-from .collectives.schedule import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
+from .collectives.completion import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
 
 EXIT_TIMEOUT = 124  # the code `timeout(1)` uses
 EXIT_ERROR = 1
@@ -61,7 +61,7 @@ def wait(handle, timeout: float | None = None, *, what: str = "collective") -> N
     """
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     try:
-        handle.wait(timeout)  # mpidp's one completion policy (schedule.waitall)
+        handle.wait(timeout)  # mpidp's one completion policy (completion.waitall)
     except TimeoutError:
         rank = MPI.COMM_WORLD.Get_rank()
         raise TimeoutError(f"rank {rank}: {what} not complete after {timeout:g} s "

@@ -18,6 +18,7 @@ from .blocks import Blocks
 from .buffers import ScratchPool, as_host
 from .checks import check_buffer
 from .comm import Comm, duplicate
+from .completion import testall, waitall
 from .counting import CountingComm
 from .ops import AVG, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .persistent import (
@@ -29,7 +30,7 @@ from .persistent import (
     reduce_scatter_block_init,
     reduce_scatter_init,
 )
-from .schedule import Handle, Request, testall, waitall
+from .schedule import Handle, Request
 
 __all__ = [
     "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "Handle", "IN_PLACE", "MAX", "MIN",

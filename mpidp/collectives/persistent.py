@@ -61,11 +61,14 @@ class Persistent:
             self.request.wait(timeout)
 
     def Test(self, status=None) -> bool:  # noqa: N802
-        return self.test()
+        return self.request is None or self.request.Test()
 
     def Wait(self, status=None) -> bool:  # noqa: N802
-        self.wait()
-        return True
+        return self.request is None or self.request.Wait()
+
+    def __bool__(self) -> bool:
+        """Active: started, and not yet reported complete (Waitany and the like skip it)."""
+        return self.request is not None and bool(self.request)
 
     def Free(self) -> None:  # noqa: N802
         """Give the scratch and the tag back; only when it is not active."""

@@ -24,25 +24,22 @@ Either way the same algorithm loop runs: there is no second copy of it. Device
 buffers are the business of a `buffers.Stager`, which the plan hands over (or
 None: NumPy buffers need nothing).
 
-Completion policy (`waitall`, used by `mpidp.Comm`, `DataParallel` and users):
-poll every pending request, mpidp's and mpi4py's alike, and yield the core
-between passes. Blocking in one request would advance only that collective, and a
-peer may need another one to move first; on ranks that share cores, a spinning
-rank would take the time its peers need.
+Completing many requests (`waitall` and the others, one policy for mpidp's
+requests and mpi4py's) is `completion`'s.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import NamedTuple
 
 from mpi4py import MPI
 
+from . import completion
 from .buffers import Stager, msg
+from .completion import default_timeout, waitall
 
 
 class Send(NamedTuple):
@@ -93,42 +90,6 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
         finish()
 
 
-def check_timeout(value, name: str = "timeout") -> float:
-    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
-        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
-    return seconds
-
-
-def timeout_from_env(default: float | None = None) -> float | None:
-    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
-
-    ValueError if it is set to anything but a finite number > 0.
-    """
-    value = os.environ.get("MPIDP_TIMEOUT", "")
-    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
-
-
-_UNSET = object()
-_default_timeout = _UNSET
-
-
-def default_timeout() -> float | None:
-    """``MPIDP_TIMEOUT`` (seconds), read once: the deadline of every wait not given one.
-
-    Set, it bounds blocking collectives and waits alike (TimeoutError), so that a
-    program whose ranks disagree, or whose peer died, ends instead of hanging.
-    """
-    global _default_timeout
-    if _default_timeout is _UNSET:
-        _default_timeout = timeout_from_env()
-    return _default_timeout
-
-
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
         stager: Stager | None = None) -> int:
     """Run a schedule to completion (the blocking collective); return its round count.
@@ -148,14 +109,26 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
     return count
 
 
+class RequestError(MPI.Exception):
+    """What `Request.Cancel` and `Request.Free` raise: an ``MPI.Exception``
+    (``MPI.ERR_REQUEST``), the type MPICH and Open MPI raise there, saying why."""
+
+    def __init__(self, message: str):
+        super().__init__(MPI.ERR_REQUEST)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class Request:
     """A collective in flight, with the methods of an mpi4py ``MPI.Request``.
 
     `test()` completes every round that is ready and posts the next; `wait()`
-    drives it to the end. ``Test``/``Wait``/``Get_status`` and the static
-    ``Waitall``/``Testall`` are mpi4py's spellings; the static ones take mpidp's
-    and mpi4py's requests mixed (mpi4py's own ``MPI.Request.Waitall`` takes MPI
-    requests only).
+    drives it to the end. ``Test``/``Wait``/``Get_status``/``Cancel``/``Free`` and
+    the static ``Waitall``/``Testall``/``Waitany``/``Testany``/``Waitsome``/
+    ``Testsome`` are mpi4py's spellings; the static ones take mpidp's and mpi4py's
+    requests mixed (mpi4py's own ``MPI.Request.Waitall`` takes MPI requests only).
 
     Args:
         comm, tag: where the rounds' messages are posted.
@@ -166,7 +139,7 @@ class Request:
     """
 
     __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_stager", "_on_done",
-                 "_lock", "done", "rounds", "completed_at")
+                 "_lock", "_active", "done", "rounds", "completed_at")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
                  on_done: Callable[[], None] | None = None, stager: Stager | None = None):
@@ -178,6 +151,7 @@ class Request:
         self.done = False
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
         self.completed_at: float | None = None  # time.perf_counter() when it completed
+        self._active = True  # not yet reported complete by Test/Wait (MPI: not REQUEST_NULL)
         with self._lock:
             self._advance()
 
@@ -235,66 +209,67 @@ class Request:
                     MPI.Request.Waitall(self._reqs)
                 self._advance()
 
-    # mpi4py's spellings, so that a Request stands where an MPI.Request is expected
+    # mpi4py's spellings, so that a Request stands where an MPI.Request is expected. As an
+    # MPI request becomes MPI.REQUEST_NULL once reported complete, this one then becomes
+    # inactive: false as a bool, and Waitany and the like skip it.
     def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
         """Make progress without blocking; True when the collective is complete."""
-        return self.test()
+        if self.test():
+            self._active = False
+            return True
+        return False
 
     def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
         """Block until the collective is complete; returns True, as mpi4py's does."""
         self.wait()
+        self._active = False
         return True
 
     def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """True if the collective is complete (it makes progress, like MPI's)."""
+        """True if the collective is complete (it makes progress, like MPI's); stays active."""
         return self.test()
+
+    def Cancel(self) -> None:  # noqa: N802
+        """Refused: MPI does not allow cancelling a collective (MPICH and Open MPI raise too)."""
+        raise RequestError("an mpidp collective cannot be cancelled (nor can an MPI "
+                           "collective); complete it with Wait() or Test()")
+
+    def Free(self) -> None:  # noqa: N802
+        """Release a completed request; refused while the collective is in flight.
+
+        An mpidp collective advances only when its request is tested: freed, it would
+        never finish, and the other ranks would wait for it forever. Like MPI, this
+        refuses a request already released (by Free, Wait or a Test that returned True).
+        """
+        if not self._active:
+            raise RequestError("this mpidp request was already completed and released "
+                               "(an MPI request would be MPI.REQUEST_NULL)")
+        if not self.test():
+            raise RequestError("an mpidp collective in flight cannot be freed: it advances "
+                               "only when tested; Wait() for it, then free it")
+        self._active = False
+
+    def __bool__(self) -> bool:
+        return self._active
 
     @staticmethod
     def Waitall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
-        """Complete every request, mpidp's and mpi4py's (`waitall`)."""
+        """Complete every request, mpidp's and mpi4py's (`completion.waitall`)."""
         waitall(requests)
         return True
 
     @staticmethod
     def Testall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
         """Advance every request once; True if all are complete."""
-        return testall(requests)
+        return completion.testall(requests)
+
+    Waitany = staticmethod(completion.waitany)
+    Testany = staticmethod(completion.testany)
+    Waitsome = staticmethod(completion.waitsome)
+    Testsome = staticmethod(completion.testsome)
 
     def __repr__(self) -> str:
         return f"<mpidp.Request {'done' if self.done else 'pending'}, {self.rounds} rounds>"
 
 
 Handle = Request  # the name the documents used first; one class
-
-
-def waitall(requests: Iterable, timeout: float | None = None) -> None:
-    """Complete every request (mpidp's or mpi4py's), in any order the peers allow.
-
-    Each pass advances every pending one without blocking, then yields the core
-    (`os.sched_yield`) to the processes the peers run in. TimeoutError after
-    `timeout` seconds (None: ``MPIDP_TIMEOUT``, if set), with the requests still in
-    flight (see `Request.wait`).
-    """
-    pending = list(requests)
-    timeout = default_timeout() if timeout is None else timeout
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        pending = [r for r in pending if not _test(r)]
-        if not pending:
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{len(pending)} request(s) not complete after {timeout} s: a peer has not "
-                "joined the collective, or ranks disagree on its arguments (count, dtype, "
-                "op, root, algorithm; MPIDP_DEBUG=1 checks them)")
-        os.sched_yield()
-
-
-def testall(requests: Iterable) -> bool:
-    """Advance every request (mpidp's or mpi4py's) once; True if all are complete."""
-    return all([_test(r) for r in requests])
-
-
-def _test(request) -> bool:
-    # mpi4py's MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
-    return request.test() if isinstance(request, Request) else bool(request.Test())

@@ -1,0 +1,138 @@
+"""Completing requests: one policy for mpidp's requests and mpi4py's, and the deadlines.
+
+An mpidp collective advances round by round, and only when someone tests it. So
+every function here polls: each pass advances every pending request without
+blocking in any one of them, then yields the core (`os.sched_yield`) to the
+processes the peers run in. Blocking in one request would advance only that
+collective, while a peer may need another one to move first; and on ranks that
+share cores a spinning rank takes the time its peers need.
+
+``MPIDP_TIMEOUT`` (seconds, read once) is the deadline of every wait not given
+one: `TimeoutError` then, with the requests still in flight (their messages stay
+posted and may still complete). mpi4py's own ``MPI.Request.Waitall`` and its
+siblings take MPI requests only; these take both, mixed, in any order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+
+from mpi4py import MPI
+
+
+def check_timeout(value, name: str = "timeout") -> float:
+    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
+        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
+    return seconds
+
+
+def timeout_from_env(default: float | None = None) -> float | None:
+    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
+
+    ValueError if it is set to anything but a finite number > 0.
+    """
+    value = os.environ.get("MPIDP_TIMEOUT", "")
+    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
+
+
+_UNSET = object()
+_default_timeout = _UNSET
+
+
+def default_timeout() -> float | None:
+    """``MPIDP_TIMEOUT`` (seconds), read once: the deadline of every wait not given one.
+
+    Set, it bounds blocking collectives and waits alike (TimeoutError), so that a
+    program whose ranks disagree, or whose peer died, ends instead of hanging.
+    """
+    global _default_timeout
+    if _default_timeout is _UNSET:
+        _default_timeout = timeout_from_env()
+    return _default_timeout
+
+
+def _test(request) -> bool:
+    # mpi4py's MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
+    return bool(request.Test()) if isinstance(request, MPI.Request) else request.test()
+
+
+def waitall(requests: Iterable, timeout: float | None = None) -> None:
+    """Complete every request (mpidp's or mpi4py's), in any order the peers allow.
+
+    TimeoutError after `timeout` seconds (None: ``MPIDP_TIMEOUT``, if set).
+    """
+    pending = list(requests)
+    timeout = default_timeout() if timeout is None else timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        pending = [r for r in pending if not _test(r)]
+        if not pending:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{len(pending)} request(s) not complete after {timeout} s: a peer has not "
+                "joined the collective, or ranks disagree on its arguments (count, dtype, "
+                "op, root, algorithm; MPIDP_DEBUG=1 checks them)")
+        os.sched_yield()
+
+
+def testall(requests: Iterable) -> bool:
+    """Advance every request (mpidp's or mpi4py's) once; True if all are complete."""
+    return all([_test(r) for r in requests])
+
+
+# The *any and *some forms follow MPI: a request reported complete becomes inactive
+# (an MPI request becomes MPI.REQUEST_NULL, an mpidp one false), and is skipped.
+
+def _mpi_only(requests: Sequence) -> bool:
+    return all(isinstance(r, MPI.Request) for r in requests)
+
+
+def testany(requests: Sequence, status=None) -> tuple[int, bool]:
+    """Advance the active requests in order until one completes: ``(index, True)``;
+    ``(MPI.UNDEFINED, True)`` if none is active, ``(MPI.UNDEFINED, False)`` if none is done."""
+    if _mpi_only(requests):
+        return MPI.Request.Testany(requests, status)
+    active = [i for i, r in enumerate(requests) if r]  # REQUEST_NULL and reported: false
+    for i in active:
+        if requests[i].Test(status):
+            return i, True
+    return MPI.UNDEFINED, not active
+
+
+def waitany(requests: Sequence, status=None) -> int:
+    """Complete one active request; its index, or ``MPI.UNDEFINED`` if none is active."""
+    if _mpi_only(requests):
+        return MPI.Request.Waitany(requests, status)
+    while True:
+        index, flag = testany(requests, status)
+        if flag:
+            return index
+        os.sched_yield()
+
+
+def testsome(requests: Sequence, statuses=None) -> list[int] | None:
+    """Advance every active request once; the indices of those completed (None: none active)."""
+    if _mpi_only(requests):
+        return MPI.Request.Testsome(requests, statuses)
+    active = [i for i, r in enumerate(requests) if r]
+    return [i for i in active if requests[i].Test()] if active else None
+
+
+def waitsome(requests: Sequence, statuses=None) -> list[int] | None:
+    """Complete at least one active request; the indices completed (None: none active)."""
+    if _mpi_only(requests):
+        return MPI.Request.Waitsome(requests, statuses)
+    while True:
+        done = testsome(requests, statuses)
+        if done is None or done:
+            return done
+        os.sched_yield()
