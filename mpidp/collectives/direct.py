@@ -5,22 +5,23 @@ per peer, then adds the N vectors up itself. It is the baseline the article
 measures the others against: G·(N-1) bytes sent and received per rank, against
 2·G·(N-1)/N for the ring.
 
-        rank 0:  v0 --> ranks 1, 2, 3     v1, v2, v3 <-- ranks 1, 2, 3
-        rank 1:  v1 --> ranks 0, 2, 3     v0, v2, v3 <-- ranks 0, 2, 3
-        rank 2:  v2 --> ranks 0, 1, 3     v0, v1, v3 <-- ranks 0, 1, 3
-        rank 3:  v3 --> ranks 0, 1, 2     v0, v1, v2 <-- ranks 0, 1, 2
+        rank 0:  v0 --> ranks 1, 2, 3     v3, v2, v1 <-- ranks 3, 2, 1
+        rank 1:  v1 --> ranks 2, 3, 0     v0, v3, v2 <-- ranks 0, 3, 2
+        rank 2:  v2 --> ranks 3, 0, 1     v1, v0, v3 <-- ranks 1, 0, 3
+        rank 3:  v3 --> ranks 0, 1, 2     v2, v1, v0 <-- ranks 2, 1, 0
                               (N = 4: 12 messages of a whole vector, in one round)
 
 Every rank adds the vectors in rank order, v0 ⊕ v1 ⊕ ... ⊕ v(N-1), its own
 at its place (copied into the scratch first), so every rank gets the same bits.
 The step table, computed by running this code (`mpidp.sim`; tests/test_sim.py
 checks that it still is; "↔1,2,3:0-3" swaps blocks 0-3, the whole vector, with
-ranks 1, 2 and 3):
+ranks 1, 2 and 3, in that order: rank r sends to r + 1, r + 2, ... and receives
+from r - 1, r - 2, ..., so that no rank is every rank's first peer):
 
         $ python -m mpidp.sim table direct --ranks 4
         step | rank 0     | rank 1     | rank 2     | rank 3
         -----+------------+------------+------------+-----------
-           0 | ↔1,2,3:0-3 | ↔0,2,3:0-3 | ↔0,1,3:0-3 | ↔0,1,2:0-3
+           0 | ↔1,2,3:0-3 | ↔2,3,0:0-3 | ↔3,0,1:0-3 | ↔0,1,2:0-3
 
 Cost (G bytes, N ranks; α per message, β per byte, γ per reduced byte): the
 N - 1 messages leave one port one after the other, so
@@ -58,8 +59,8 @@ def direct_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds
     count = blocks.total
     vec = [tmp[q * count : (q + 1) * count] for q in range(N)]  # vec[q]: rank q's vector
     vec[rank][...] = src  # mine at its place, so every rank adds in the same order
-    peers = [q for q in range(N) if q != rank]
-    yield [Send(src, q) for q in peers] + [Recv(vec[q], q) for q in peers]
+    yield ([Send(src, (rank + i) % N) for i in range(1, N)]
+           + [Recv(vec[(rank - i) % N], (rank - i) % N) for i in range(1, N)])
     op(buf, vec[1], vec[0])  # v0 ⊕ v1, then ⊕ v2, ... in rank order
     for q in range(2, N):
         op(buf, vec[q])
