@@ -97,7 +97,8 @@ def test_auto_follows_a_pinned_model_and_is_correct(mpi_ranks):
     comm = MPI.COMM_WORLD.Dup()
     rank = comm.Get_rank()
     cost.set_model(comm, *ROUNDS)  # only rounds cost: the fewest-round algorithm wins
-    assert api.choose(comm, "allreduce", 1 << 26, "auto") == "recursive_doubling"
+    fewest = "direct" if comm.Get_size() == 3 else "recursive_doubling"  # 2 messages < 3 rounds
+    assert api.choose(comm, "allreduce", 1 << 26, "auto") == fewest
     assert api.choose(comm, "bcast", 1 << 26, "auto") == "binomial"
     cost.set_model(comm, *BYTES)
     assert api.choose(comm, "allreduce", 1 << 26, "auto") in ("ring", "rabenseifner")

@@ -121,7 +121,7 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         count: items of the whole vector (all-gather: of all blocks together), split
             into N blocks as `Blocks.even` does; or give `counts` (and, for all-gather,
             `displs`): ``MPI_Reduce_scatter``'s recvcounts, ``MPI_Allgatherv``'s layout.
-        inputs: each rank's input (all-reduce, reduce-scatter: the whole vector;
+        inputs: each rank's input, of one dtype (all-reduce, reduce-scatter: the vector;
             all-gather: its block; broadcast: the root's vector); default `make_input`.
         in_place: the input is in the receive buffer (``IN_PLACE``).
         scratch: items of scratch as a function of the blocks, for a function mpidp
@@ -133,7 +133,7 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     fn, scratch_items, name = resolve(collective, algorithm, scratch)
     blocks = layout(collective, N, count, counts, displs)
     the_op = resolve_op(op)
-    dt = np.dtype(dtype)
+    dt = np.dtype(dtype) if inputs is None else inputs[0].dtype
     if inputs is None:
         sizes = {"allgather": blocks.counts}.get(collective, [blocks.total] * N)
         inputs = [make_input(the_op.name, dt, sizes[r], r, seed) for r in range(N)]

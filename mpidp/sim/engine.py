@@ -31,9 +31,7 @@ import numpy as np
 
 from mpidp.collectives.schedule import Recv, Send
 
-
-class ScheduleError(Exception):
-    """A schedule that would fail under MPI: deadlock, mismatched pair, overlapping round."""
+from .reports import ScheduleError, deadlock, describe, locate
 
 
 class SimComm:
@@ -81,10 +79,12 @@ class Sim:
         size: N, the number of ranks.
         trace: keep every matched message in ``events`` as ``(step, src, dst, sendbuf,
             recvbuf, i, j)``, i and j its places in the two rounds (for tables, drawings).
-        timer: an object with ``post(rank)``, ``message(src, dst, nbytes)``,
-            ``complete(rank)`` and ``work(rank, items)`` (see `mpidp.sim.timing`).
-        on_step: called as ``on_step(step)`` once the ranks that resume in a step
-            have done their local work, before they post (for snapshots of the buffers).
+        timer: an object with ``post(rank)``, ``message(src, dst, nbytes, i, j)``,
+            ``flush()`` (the step's messages are all matched), ``complete(rank)`` and
+            ``work(rank, items)``: `mpidp.sim.predict.Timer`.
+        on_step: called as ``on_step(sim, step)`` once the ranks that resume in a step
+            have done their local work, before they post: ``on_step(sim, t)`` sees the
+            buffers after step t - 1 (t = 0: at the start; t = steps: at the end).
         max_steps: stop with a `ScheduleError` after this many steps (a loop that never ends).
     """
 
@@ -116,13 +116,14 @@ class Sim:
         waiting: dict[int, list] = {}
         pending = [0] * N  # unmatched messages of each rank's current round
         finished = [False] * N
+        rounds, reduced, deliver = self.rounds, self.reduced, self._deliver
         ready, step = list(range(N)), 0
         while ready:
             posted = []
             if self.max_steps is not None and step > self.max_steps:
                 raise ScheduleError(f"more than {self.max_steps} steps: does the algorithm end?")
             for r in ready:  # each resumes: the last round's local work, then its next round
-                before = self.reduced[r]
+                before = reduced[r]
                 try:
                     posted.append((r, next(gens[r])))
                 except StopIteration:
@@ -130,32 +131,39 @@ class Sim:
                 except ScheduleError:
                     raise
                 except Exception as e:  # the algorithm's own error: say where it happened
-                    raise ScheduleError(f"step {step}: rank {r}, after round {self.rounds[r] - 1}:"
-                                        f" the algorithm raised {type(e).__name__}: {e}") from e
+                    where = f"after round {rounds[r] - 1}" if rounds[r] else \
+                        "before its first round"
+                    raise ScheduleError(f"step {step}: rank {r}, {where}: the algorithm raised "
+                                        f"{type(e).__name__}: {e}") from e
                 if timer is not None:
-                    timer.work(r, self.reduced[r] - before)
+                    timer.work(r, reduced[r] - before)
             if self.on_step is not None:
-                self.on_step(step)
+                self.on_step(self, step)
             complete = []
             for r, round_ in posted:
-                self.rounds[r] += 1
+                rounds[r] += 1
                 if timer is not None:
                     timer.post(r)
-                if len(round_) > 1:
+                if len(round_) == 2:  # the common case: two buffers of one array may overlap
+                    x, y = round_[0].buf, round_[1].buf
+                    xb, yb = getattr(x, "base", None), getattr(y, "base", None)
+                    if (x if xb is None else xb) is (y if yb is None else yb):
+                        self._check_round(r, round_)
+                elif len(round_) > 2:
                     self._check_round(r, round_)
                 pending[r] = len(round_)
                 for i, m in enumerate(round_):
                     kind, peer = type(m), m.peer
                     if peer.__class__ is not int and not isinstance(peer, np.integer) or \
                             not 0 <= peer < N:
-                        raise ScheduleError(f"step {step}: rank {r}, round {self.rounds[r] - 1}: "
+                        raise ScheduleError(f"step {step}: rank {r}, round {rounds[r] - 1}: "
                                             f"peer {peer!r} is not a rank of {N}")
                     if kind is Send:
                         key = r * N + peer
                     elif kind is Recv:
                         key = peer * N + r
                     else:
-                        raise ScheduleError(f"rank {r}, round {self.rounds[r] - 1}: a round holds "
+                        raise ScheduleError(f"rank {r}, round {rounds[r] - 1}: a round holds "
                                             f"Send and Recv only, not {m!r}")
                     entry = waiting.get(key)
                     if entry is None:
@@ -167,9 +175,9 @@ class Sim:
                         continue
                     other, j = entry[1].popleft()
                     if kind is Send:
-                        self._deliver(step, r, m.buf, i, peer, other, j)
+                        deliver(step, r, m.buf, i, peer, other, j)
                     else:
-                        self._deliver(step, peer, other, j, r, m.buf, i)
+                        deliver(step, peer, other, j, r, m.buf, i)
                     pending[r] -= 1
                     pending[peer] -= 1
                     if pending[peer] == 0 and peer != r:  # it was waiting for this message
@@ -177,6 +185,7 @@ class Sim:
                 if pending[r] == 0:
                     complete.append(r)
             if timer is not None:
+                timer.flush()  # time this step's messages
                 for r in complete:
                     timer.complete(r)
             if complete:
@@ -184,7 +193,7 @@ class Sim:
             ready = sorted(complete)
         self.steps = step
         if not all(finished):
-            raise ScheduleError(self._deadlock(step, finished, waiting))
+            raise ScheduleError(deadlock(self, step, finished, waiting))
         return self
 
     def _deliver(self, step: int, src: int, sbuf, spos: int, dst: int, rbuf, rpos: int) -> None:
@@ -213,7 +222,7 @@ class Sim:
         if self.events is not None:
             self.events.append((step, src, dst, sbuf, rbuf, spos, rpos))
         if self.timer is not None:
-            self.timer.message(src, dst, nbytes)
+            self.timer.message(src, dst, nbytes, spos, rpos)
 
     @property
     def links(self) -> dict[tuple[int, int], int]:
@@ -226,8 +235,7 @@ class Sim:
             a, b = round_
             x, y = a.buf, b.buf
             if (type(a) is Recv or type(b) is Recv) and type(x) is np.ndarray and \
-                    type(y) is np.ndarray and x.size and y.size and \
-                    _owner(x) is _owner(y) and np.shares_memory(x, y):
+                    type(y) is np.ndarray and x.size and y.size and np.shares_memory(x, y):
                 self._overlap(rank, a, b)
             return
         spans = []
@@ -257,62 +265,7 @@ class Sim:
 
     def locate(self, rank: int, view) -> tuple[str, int, int] | None:
         """(name, start, stop) of `view` in one of the rank's registered arrays, or None."""
-        if type(view) is not np.ndarray:
-            return None
-        here = view.__array_interface__["data"][0]
-        for name, base in self.where[rank].items():
-            if base is None or base.dtype.itemsize != view.dtype.itemsize:
-                continue
-            start = base.__array_interface__["data"][0]
-            offset, rest = divmod(here - start, view.dtype.itemsize)
-            if not rest and 0 <= offset and offset + view.size <= base.size and (
-                    view.size or offset <= base.size):
-                return name, offset, offset + view.size
-        return None
+        return locate(self.where[rank], view)
 
     def _what(self, rank: int, buf) -> str:
-        """'4 × float64 in buf[4:8]': a buffer, for a report."""
-        if type(buf) is not np.ndarray:
-            return repr(buf)
-        place = self.locate(rank, buf)
-        where = f" in {place[0]}[{place[1]}:{place[2]}]" if place else ""
-        return f"{buf.size} × {buf.dtype}{where}"
-
-    def _deadlock(self, step: int, finished: list, waiting: dict) -> str:
-        waits: dict[int, list[str]] = {}
-        for key, (kind, bufs) in sorted(waiting.items(), key=lambda kv: kv[0]):
-            src, dst = divmod(key, self.size)
-            for buf, _ in bufs:
-                if kind is Send:
-                    waits.setdefault(src, []).append(
-                        f"its Send of {self._what(src, buf)} to rank {dst} is never received")
-                else:
-                    waits.setdefault(dst, []).append(
-                        f"its Recv into {self._what(dst, buf)} from rank {src} gets no message")
-        blocked = [r for r in range(self.size) if not finished[r]]
-        done = _ranges([r for r in range(self.size) if finished[r]]) or "none"
-        lines = [f"deadlock after step {step}: ranks {_ranges(blocked)} of {self.size} cannot "
-                 f"go on (finished: {done})"]
-        for r in blocked[:12]:
-            for what in waits.get(r, [])[:4]:
-                lines.append(f"  rank {r}, round {self.rounds[r] - 1}: {what}")
-        if len(blocked) > 12:
-            lines.append(f"  ... and {len(blocked) - 12} more blocked ranks")
-        return "\n".join(lines)
-
-
-def _owner(a):
-    """The array that owns `a`'s memory (views of different owners never overlap)."""
-    return a if a.base is None else a.base
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
+        return describe(self.where[rank], buf)
