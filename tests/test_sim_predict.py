@@ -14,7 +14,14 @@ from mpidp.collectives import cost
 from mpidp.sim import COLLECTIVES, names
 from mpidp.sim.__main__ import main
 from mpidp.sim.draw import run as draw_run
-from mpidp.sim.predict import Network, predict, read_calibration, read_measured, times
+from mpidp.sim.predict import (
+    Network,
+    fit_inter,
+    predict,
+    read_calibration,
+    read_measured,
+    times,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = Network(alpha=20e-6, beta=0.25e-9, gamma=0.5e-9, fixed=10e-6)
@@ -62,6 +69,28 @@ def test_calibration_and_benchmark_files_are_read():
                              "allreduce")
     assert measured[4, 8, "ring"] > 0 and (4, 64 * MiB, "rabenseifner") in measured
     assert not any(a in ("native", "auto") for _, _, a in measured)
+
+
+def test_inter_node_alpha_and_beta_are_fitted_to_a_cluster_bench_output(tmp_path, capsys):
+    """A `python -m mpidp.cluster bench` output, printed as it prints it, from a known model."""
+    known = cost.Model(alpha=100e-6, beta=8e-9, gamma=0.25e-9, fixed=20e-6)
+    N, lines = 4, ["# 4 ranks; link 0.125 GB/s; busbw in GB/s (median of 3); ratio = ..."]
+    for size in (0.25, 1, 4, 16, 64):
+        nbytes = int(size * MiB)
+        for name in ("native", *names("allreduce")):
+            seconds = cost.predict(known, "allreduce", "ring" if name == "native" else name,
+                                   nbytes, N)
+            busbw = nbytes * 2 * (N - 1) / N / seconds / 1e9
+            lines.append(f"{size:8.2f} MiB  {name:>18}  {busbw:7.4f}  ratio  1.00  link   90%")
+    path = tmp_path / "cluster.txt"
+    path.write_text("\n".join(lines) + "\n")
+    alpha, beta = fit_inter(str(path), known.gamma, known.fixed)
+    assert beta == pytest.approx(known.beta, rel=0.01) and alpha == pytest.approx(known.alpha,
+                                                                                  rel=0.1)
+    assert main(["predict", "--ranks", "8", "--bytes", "1MiB", "--ppn", "2", "--gamma", "2.5e-10",
+                 "--fixed", "2e-5", "--fit-inter", str(path)]) == 0
+    assert f"beta = {beta * 1e9:.4f} ns/B" in capsys.readouterr().out
+    assert main(["predict", "--fit-inter", str(path)]) == 2  # two levels need --ppn
 
 
 def test_predict_command_line(capsys):

@@ -75,6 +75,9 @@ def parse_args(argv) -> argparse.Namespace:
     r.add_argument("--ppn", type=int, default=0, help="ranks per node: two levels")
     r.add_argument("--alpha-inter", type=float, help="s per message between nodes")
     r.add_argument("--beta-inter", type=float, help="s per byte between nodes")
+    r.add_argument("--fit-inter", help="a saved `python -m mpidp.cluster bench` output (one "
+                   "rank per host) to fit alpha and beta between nodes to (gamma and the "
+                   "fixed cost: from the other flags)")
     r.add_argument("--compare", help="a `mpidp.bench collectives --json` file: its measured "
                    "times go beside the predictions, at its N and sizes")
     return p.parse_args(argv)
@@ -127,6 +130,7 @@ def run_check(args) -> int:
 def run_predict(args) -> int:
     from .predict import (
         Network,
+        fit_inter,
         format_predict,
         predict,
         read_calibration,
@@ -139,9 +143,14 @@ def run_predict(args) -> int:
     given = {k: getattr(args, k) for k in ("alpha", "beta", "gamma", "fixed")
              if getattr(args, k) is not None}
     net = net._replace(**given)
+    if args.fit_inter and not args.ppn:
+        print("--fit-inter needs --ppn (ranks per node)", file=sys.stderr)
+        return 2
     if args.ppn:
-        net = net._replace(ppn=args.ppn, alpha_inter=args.alpha_inter or net.alpha,
-                           beta_inter=args.beta_inter or net.beta)
+        alpha, beta = (fit_inter(args.fit_inter, net.gamma, net.fixed) if args.fit_inter
+                       else (net.alpha, net.beta))
+        net = net._replace(ppn=args.ppn, alpha_inter=args.alpha_inter or alpha,
+                           beta_inter=args.beta_inter or beta)
     measured, ranks, sizes = None, args.ranks, args.bytes or size_list("8,64KiB,1MiB,16MiB")
     if args.compare:
         measured = read_measured(args.compare, args.collective)

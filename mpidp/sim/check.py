@@ -13,6 +13,7 @@ rounds it measured beside the α-β-γ formulas of mpidp's own algorithms.
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 from typing import NamedTuple
@@ -172,7 +173,7 @@ def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, r
 
 def measured(collective: str, algorithm, ranks, scratch=None) -> str:
     """Bytes and rounds measured per rank beside the formulas of mpidp's algorithms."""
-    formulas = [name for name in names(collective)]
+    formulas = list(names(collective))
     lines = ["measured: steps (the critical path in rounds), and per rank the most rounds, bytes "
              "sent, received and reduced over the ranks (multiples of G, the vector's bytes);",
              "beside the cost model's terms for mpidp's algorithms (cost.py): rounds / bytes / "
@@ -209,6 +210,4 @@ def load(spec: str):
         raise SystemExit(f"expected MODULE:FUNCTION, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -23,6 +23,8 @@ import math
 import re
 from typing import NamedTuple
 
+import numpy as np
+
 from mpidp.bench.output import human
 from mpidp.collectives import cost
 from mpidp.collectives.blocks import Blocks
@@ -212,6 +214,41 @@ def read_calibration(path: str) -> Network:
             raise ValueError(f"{path}: no '{name} = ... {unit}' line (is it calibrate's output?)")
         found[name] = float(m.group(1)) * (1e-6 if unit == "µs" else 1e-9)
     return Network(found["alpha"], found["beta"], found["gamma"], found["fixed"])
+
+
+def fit_inter(path: str, gamma: float = 0.0, fixed: float = 0.0) -> tuple[float, float]:
+    """(α, β) between nodes, fitted to a saved `python -m mpidp.cluster bench` output.
+
+    The run must have one rank per host (``--ppn 1``, its default), so that every
+    message crosses a link. Each mpidp algorithm's busbw row becomes a time; the
+    reductions (`gamma` per byte) and the fixed cost, which the links do not change,
+    are taken off, and α, β >= 0 are fitted to the rest by least squares in
+    relative error, as `cost.fit` does.
+    """
+    text = open(path, encoding="utf-8").read()
+    head = re.search(r"^# (\d+) ranks", text, re.M)
+    if not head:
+        raise ValueError(f"{path}: no '# N ranks' line (is it mpidp.cluster bench's output?)")
+    N, rows, seconds = int(head.group(1)), [], []
+    for size, name, busbw in re.findall(r"^\s*([\d.]+) MiB\s+(\S+)\s+([\d.]+)\s+ratio", text,
+                                        re.M):
+        if name in names("allreduce"):
+            nbytes = 4 * max(1, int(float(size) * 2**20) // 4)
+            _, rounds, sent, reduced = cost.terms("allreduce", name, nbytes, N)
+            rows.append((rounds, sent))
+            seconds.append(nbytes * 2 * (N - 1) / N / (float(busbw) * 1e9) - fixed
+                           - gamma * reduced)
+    if len(rows) < 2:
+        raise ValueError(f"{path}: fewer than two rows of mpidp algorithms to fit")
+    a, t = np.array(rows) / np.array(seconds)[:, None], np.ones(len(rows))
+    best, least = (0.0, 0.0), np.inf
+    for cols in ([0, 1], [0], [1]):  # non-negative: both, or one of them alone
+        x = np.zeros(2)
+        x[cols] = np.linalg.lstsq(a[:, cols], t, rcond=None)[0]
+        error = float(np.sum((a @ x - t) ** 2))
+        if (x >= 0).all() and error < least:
+            best, least = (float(x[0]), float(x[1])), error
+    return best
 
 
 def read_measured(path: str, collective: str) -> dict:
