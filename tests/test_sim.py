@@ -175,16 +175,19 @@ def test_messages_match_in_order_per_link_and_are_counted():
         a, b = np.arange(3.0) + 10 * rank, np.arange(5.0) + 10 * rank
         x, y = np.zeros(3), np.zeros(5)
         if rank == 0:
-            yield [Send(a, 1)]
+            yield [Send(a, 1)]  # posted first, matched first
             yield [Send(b, 1)]
+            yield [Send(b, 1), Send(a, 1)]  # both wait for rank 1: they match in this order
         else:  # both receives in one round: the first send matches the first receive
             yield [Recv(x, 0), Recv(y, 0)]
             assert x.tolist() == [0, 1, 2] and y.tolist() == [0, 1, 2, 3, 4]
+            yield []  # an empty round: rank 1 posts its receives a step late
+            yield [Recv(y, 0), Recv(x, 0)]
 
     sim = run(2, two_messages)
-    assert sim.bytes_sent == [64, 0] and sim.bytes_received == [0, 64]
-    assert sim.messages_sent == [2, 0] and sim.rounds == [2, 1] and sim.steps == 2
-    assert sim.links == {(0, 1): 64}
+    assert sim.bytes_sent == [128, 0] and sim.bytes_received == [0, 128]
+    assert sim.messages_sent == [4, 0] and sim.rounds == [3, 3] and sim.steps == 4
+    assert sim.links == {(0, 1): 128}
 
 
 def test_the_unchanged_algorithms_run_and_agree_with_numpy():

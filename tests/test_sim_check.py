@@ -162,6 +162,10 @@ def test_the_worked_example_of_the_docs_passes_and_its_volume_is_printed(tmp_pat
     assert "ok: 144 cases passed" in done.stdout
     assert re.search(r"\n   8 \| +\d+ \| +\d+ \| 1\.750 \| 1\.750 \|", done.stdout), done.stdout
     assert time.perf_counter() - t0 < 120
+    table = subprocess.run([sys.executable, "-m", "mpidp.sim", "table", "my_allreduce:allreduce",
+                            "--ranks", "3"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+    assert table.stdout.splitlines()[2] == "   0 | →1:0 ←2:2 | →2:1 ←0:0 | →0:2 ←1:1"
 
 
 def test_the_command_line_reports_a_failure_with_exit_status_1(tmp_path):

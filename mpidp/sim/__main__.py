@@ -37,14 +37,14 @@ def parse_args(argv) -> argparse.Namespace:
         q.add_argument("--collective", default=default, choices=COLLECTIVES)
 
     t = sub.add_parser("table", help="the step table of an algorithm, computed by running it")
-    t.add_argument("algorithm")
+    t.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
     collective(t)
     t.add_argument("--ranks", type=int, default=4)
     t.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
     t.add_argument("--root", type=int, default=0, help="bcast: the root")
 
     d = sub.add_parser("draw", help="a picture of the exchange, one panel per step")
-    d.add_argument("algorithm")
+    d.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
     collective(d)
     d.add_argument("--ranks", type=int, default=4)
     d.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
@@ -85,10 +85,15 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command in ("table", "draw") and args.algorithm not in names(args.collective):
-        print(f"unknown {args.collective} algorithm {args.algorithm!r}; "
-              f"expected one of {names(args.collective)}", file=sys.stderr)
-        return 2
+    if args.command in ("table", "draw"):
+        if ":" in args.algorithm:  # your own, MODULE:FUNCTION
+            from .check import load
+
+            args.algorithm = load(args.algorithm)
+        elif args.algorithm not in names(args.collective):
+            print(f"unknown {args.collective} algorithm {args.algorithm!r}; expected one of "
+                  f"{names(args.collective)} or MODULE:FUNCTION", file=sys.stderr)
+            return 2
     if args.command == "table":
         from .table import table
 
