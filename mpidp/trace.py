@@ -56,6 +56,48 @@ class Tracer:
     def name_row(self, tid: int, name: str) -> None:
         self.rows[tid] = name
 
+    def follow(self, ddp) -> None:
+        """Record a `DataParallel`'s steps from now on, through the hooks it already has.
+
+        Forward and backward get a span per layer (``on_layer``, ``on_grad``: the
+        time since the previous layer ended); after each synced backward, the
+        wait for the buckets and each bucket's all-reduce, on a row of its own.
+        """
+        for b in ddp.buckets:
+            self.name_row(COMM + b.index, f"bucket {b.index} (L{','.join(map(str, b.layers))})")
+        last = [0.0]  # when the previous layer ended
+
+        def layer(what: str, i: int) -> None:
+            now = time.perf_counter()
+            self.add(f"{what} L{i}", last[0], now, what)
+            last[0] = now
+
+        forward, on_grad, backward = ddp.forward, ddp.on_grad, ddp.backward
+
+        def traced_forward(x):
+            last[0] = time.perf_counter()
+            return forward(x)
+
+        def traced_on_grad(i: int) -> None:
+            layer("backward", i)
+            on_grad(i)
+            last[0] = time.perf_counter()  # its own progress calls are not layer time
+
+        def traced_backward(dlogits, timeout=None) -> None:
+            last[0] = time.perf_counter()
+            backward(dlogits, timeout)
+            if ddp.timings["exposed_comm"] or any(b.request for b in ddp.buckets):
+                t1 = ddp.t_backward + ddp.timings["backward"]
+                self.add("wait", t1, t1 + ddp.timings["exposed_comm"], "wait")
+            for row in ddp.bucket_times():
+                t0 = ddp.t_backward
+                self.add(f"allreduce bucket {row['bucket']}", t0 + row["launch"],
+                         t0 + row["complete"], "allreduce", tid=COMM + row["bucket"],
+                         bytes=row["bytes"])
+
+        ddp.forward, ddp.on_grad, ddp.backward = traced_forward, traced_on_grad, traced_backward
+        ddp.on_layer = lambda i: layer("forward", i)
+
     def chrome_events(self) -> list[dict]:
         """This rank's events with the metadata that names its process and rows."""
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank,

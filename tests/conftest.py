@@ -21,6 +21,11 @@ import pytest
 
 IN_RANK = bool(os.environ.get("PYTEST_ISOLATE_MPI_IS_FORKED"))
 
+# Every collective of the suite checks that the ranks agree on its arguments (the
+# launched ranks inherit it); tests that count bytes or messages turn it off with
+# the `no_debug_check` fixture, since the check's own exchange would be counted.
+os.environ.setdefault("MPIDP_DEBUG", "1")
+
 # The mpich wheel puts mpiexec beside the venv's python: find it even when the
 # venv is not activated (`.venv/bin/python -m pytest`).
 _bin = os.path.dirname(sys.executable)
@@ -87,6 +92,16 @@ if IN_RANK:
         if timer is not None:
             timer.cancel()
             faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def no_debug_check():
+    """Turn MPIDP_DEBUG's agreement check off for this test (its messages would be counted)."""
+    from mpidp.collectives import checks
+
+    checks.set_debug(False)
+    yield
+    checks.set_debug(os.environ.get("MPIDP_DEBUG", "") not in ("", "0"))
 
 
 @pytest.fixture

@@ -71,13 +71,18 @@ def test_fit_recovers_a_known_model_and_keeps_every_term_non_negative():
 def test_calibration_is_cheap_cached_and_the_same_on_every_rank(mpi_ranks):
     comm = MPI.COMM_WORLD.Dup()  # a new communicator: nothing cached yet
     n = comm.Get_size()
-    m = cost.model(comm, api.CALIBRATION_TAG)  # its duration is reported by `bench calibrate`
+    counter = CountingComm(comm)
+    m = cost.model(counter)  # its duration is reported by `bench calibrate`
     assert all(np.isfinite(v) and v >= 0 for v in m) and m.alpha > 0, m
+    if n > 1:  # it measured: the probes went over the wire, and the fit is not the default
+        calls = sum(1 + 3 * cost.REPS[size >= 1 << 16] for _, size in cost.PROBES)
+        assert counter.messages_sent >= calls, counter.messages_sent  # a message a call, at least
+        assert m != cost.DEFAULT
     everyone = np.empty((n, len(m)))
     comm.Allgather(np.array(m, dtype=np.float64), everyone)
     assert (everyone == everyone[0]).all(), everyone  # bit for bit
     counter = CountingComm(comm)
-    assert cost.model(counter, api.CALIBRATION_TAG) == m
+    assert cost.model(counter) == m
     assert counter.messages_sent == 0  # cached on the communicator
     # every rank resolves "auto" alike at every size, so no rank waits on another algorithm
     for collective in ("allreduce", "reduce_scatter", "allgather", "bcast"):
@@ -120,29 +125,39 @@ def test_environment_variable_skips_calibration(mpi_ranks):
     os.environ["MPIDP_COST"] = "2e-6,3e-10,4e-10"
     try:
         counter = CountingComm(MPI.COMM_WORLD.Dup())
-        assert cost.model(counter, api.CALIBRATION_TAG) == Model(2e-6, 3e-10, 4e-10)
+        assert cost.model(counter) == Model(2e-6, 3e-10, 4e-10)
         assert counter.messages_sent == 0
         counter.comm.Free()
         os.environ["MPIDP_COST"] = "default"
         comm = MPI.COMM_WORLD.Dup()
-        assert cost.model(comm, api.CALIBRATION_TAG) == DEFAULT
+        assert cost.model(comm) == DEFAULT
         comm.Free()
     finally:
         del os.environ["MPIDP_COST"]
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)
-def test_auto_answers_are_remembered_per_comm_object_and_follow_set_model(mpi_ranks):
+def test_auto_answers_are_remembered_per_comm_and_follow_set_model(mpi_ranks):
     import gc
+
+    from mpidp.collectives import state
 
     comm = MPI.COMM_WORLD.Dup()
     cost.set_model(comm, *ROUNDS)
     assert api.choose(comm, "allreduce", 1 << 26, "auto") == "recursive_doubling"
-    assert id(comm) in cost._answers  # remembered: the next call asks MPI nothing
+    st = state.state(comm)
+    assert st.choices == {("allreduce", 1 << 26): "recursive_doubling"}  # remembered
+    again = MPI.Intracomm(comm)  # another Python object for the same communicator
+    assert state.state(again) is st and state.state(CountingComm(again)) is st
     cost.set_model(comm, *BYTES)  # a new model: the old answers must go
     assert api.choose(comm, "allreduce", 1 << 26, "auto") in ("ring", "rabenseifner")
+    dup = comm.Dup()  # a new communicator: a state of its own, no model until inherited
+    assert state.state(dup) is not st and state.state(dup).model is None
+    state.state(dup).inherit(st)
+    assert state.state(dup).model == st.model
     key = id(comm)
+    dup.Free()
     comm.Free()
-    del comm
+    del comm, again
     gc.collect()
-    assert key not in cost._answers  # the entry died with its comm object
+    assert key not in state._by_object  # the entry died with its comm object

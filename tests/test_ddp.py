@@ -4,6 +4,7 @@ Every multi-rank test computes the 1-rank reference inside the same job, on ever
 rank, with a plain non-distributed loop over the global batches, then compares.
 """
 
+import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -174,9 +175,8 @@ def test_buckets_are_reverse_layer_order_and_grads_are_views_of_them():
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=60)
 def test_user_collectives_in_flight_across_backward_keep_their_own_messages(mpi_ranks):
-    # An mpidp.Comm numbers its collectives TAG_BASE, TAG_BASE + 1, ...; the buckets use
-    # TAG_BASE + 1 + k. On one communicator the user's second collective and bucket 0
-    # would share a tag; DataParallel's own duplicate keeps them apart.
+    # The user's collectives and the buckets' take tags of one sequence per communicator;
+    # DataParallel's own duplicate keeps the buckets in a matching space of their own.
     comm = mpidp.Comm(MPI.COMM_WORLD)
     rank, n = comm.Get_rank(), comm.Get_size()
     model = MLP([64, 256, 256, 10], dtype="float64", seed=0)
@@ -200,3 +200,73 @@ def test_user_collectives_in_flight_across_backward_keep_their_own_messages(mpi_
                 expected[name] = expected.get(name, 0) + g / n
         assert_close(model.grads, expected, "gradient")
     assert ddp.comm == MPI.COMM_NULL  # freed by close()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3], timeout=120)
+def test_the_articles_naive_data_parallel_equals_one_rank(mpi_ranks):
+    from mpidp.training import NaiveDataParallel
+
+    comm = MPI.COMM_WORLD
+    x, y = dataset()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    model = MLP(SIZES, dtype="float64", seed=rank)
+    dp = NaiveDataParallel(model, comm)
+    opt = SGD(model.params, model.grads, **HYPER)
+    sampler = ShardSampler(N_SAMPLES, GLOBAL_BATCH, rank, size, seed=7)
+    for epoch in range(EPOCHS):
+        for (idx,) in sampler.epoch(epoch):
+            dp.backward(softmax_cross_entropy(dp.forward(x[idx]), y[idx])[1])
+            opt.step()
+    assert_close(model.params, reference(), "naive DP")
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_buckets_make_progress_during_backward_not_only_at_the_end(mpi_ranks):
+    """Rounds completed while backward still computes: what overlap means."""
+    comm = MPI.COMM_WORLD
+    model = MLP([64, 512, 512, 512, 10], dtype="float64", seed=0)
+    x, y = np.ones((64, 64)), np.zeros(64, dtype=np.int64)
+    for overlap in (True, False):
+        with DataParallel(model, comm, bucket_mb=0, overlap=overlap, algorithm="ring") as ddp:
+            rounds = 0
+            for _ in range(5):
+                ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
+                rounds += ddp.timings["rounds_in_backward"]
+            everyone = comm.allreduce(rounds)
+        if overlap:  # a step without any progress on any rank is possible, five are not
+            assert everyone > 0, "no bucket advanced past its first round during backward"
+        else:
+            assert everyone == 0  # launched after backward: nothing to overlap
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_the_progress_thread_completes_buckets_by_itself(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    model = MLP([32, 256, 256, 10], dtype="float64", seed=0)
+    with DataParallel(model, comm, bucket_mb=0, progress_thread=True,
+                      algorithm="ring") as ddp:
+        for b in ddp.buckets:
+            ddp._launch(b)  # what backward does; then this thread makes no MPI call
+        deadline = time.monotonic() + 5.0
+        while not all(b.request.done for b in ddp.buckets) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(b.request.done for b in ddp.buckets), "the progress thread did not poll"
+        comm.Barrier()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_backward_times_out_when_a_peer_does_not_join(mpi_ranks, no_debug_check):
+    comm = MPI.COMM_WORLD
+    model = MLP([8, 6, 3], dtype="float64", seed=0)
+    x, y = np.ones((4, 8)), np.zeros(4, dtype=np.int64)
+    with DataParallel(model, comm, bucket_mb=0, algorithm="ring") as ddp:
+        dlogits = softmax_cross_entropy(ddp.forward(x), y)[1]
+        if comm.Get_rank() == 0:
+            with pytest.raises(TimeoutError, match="not complete after 0.3 s"):
+                ddp.backward(dlogits, timeout=0.3)
+            comm.Barrier()
+            mpidp.waitall([b.request for b in ddp.buckets])  # still in flight: completes now
+        else:
+            comm.Barrier()  # rank 0 has timed out
+            ddp.backward(dlogits)
+        assert all(b.request.done for b in ddp.buckets)

@@ -44,7 +44,23 @@ BAD = {
     "allgather recv too small": (lambda c: mpidp.allgather(c, np.ones(3),
                                                            np.ones(3 * c.Get_size() - 1)),
                                  ValueError, "blocks need"),
+    "bcast of Python objects": (lambda c: mpidp.bcast(c, np.array([1, None], object)),
+                                TypeError, "Python objects"),
+    "allgather of Python objects": (lambda c: mpidp.allgather(
+        c, np.array([None], object), np.empty(c.Get_size(), object)), TypeError, "pointers"),
+    "sum of strings": (lambda c: mpidp.allreduce(c, np.array(["a"]), np.array(["b"])),
+                       TypeError, "not defined"),
+    "tag in mpidp's range": (lambda c: mpidp.allreduce(c, np.ones(4), np.ones(4),
+                                                       tag=mpidp.TAG_BASE + 1),
+                             ValueError, "explicit tag"),
+    "DataParallel of object parameters": (lambda c: _object_model(c), TypeError, "objects"),
 }
+
+
+def _object_model(comm):
+    model = mpidp.MLP([3, 2], seed=0)
+    model.params["W1"] = np.array([[None] * 2] * 3, dtype=object)
+    mpidp.DataParallel(model, comm)
 
 
 def _readonly(n):
@@ -77,12 +93,18 @@ def test_bad_input_is_refused_before_communication_on_3_ranks(mpi_ranks):
 
 @pytest.mark.mpi(ranks=[2, 3, 4], timeout=60)
 def test_bad_input_on_one_rank_raises_there(mpi_ranks):
-    """Only rank 1 passes a bad buffer: it raises at once; the others are not entered."""
-    comm = MPI.COMM_WORLD
+    """Only rank 1 passes a bad buffer: it raises at once; nothing reaches any other rank."""
+    world = MPI.COMM_WORLD
+    comm = mpidp.CountingComm(world)
     if comm.rank == 1:
         with pytest.raises(ValueError, match="contiguous"):
             mpidp.allreduce(comm, np.ones(8)[::2], np.ones(4))
-    comm.Barrier()
+        with pytest.raises(TypeError, match="Python objects"):
+            mpidp.bcast(comm, np.array([None] * 3, dtype=object), root=1)
+    world.Barrier()  # anything rank 1 had sent would have left it by now
+    assert comm.messages_sent == 0 and comm.bytes_received == 0, "a rank sent or received"
+    assert not world.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG), "a message arrived from rank 1"
+    world.Barrier()
 
 
 @pytest.mark.mpi(ranks=[2, 3, 5], timeout=60)

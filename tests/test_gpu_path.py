@@ -14,8 +14,9 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives import buffers, schedule
+from mpidp.collectives import ScratchPool, buffers, schedule
 from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.state import state
 
 try:
     import cupy  # noqa: F401
@@ -71,7 +72,7 @@ def test_device_round_is_synced_and_staged(fake_cupy, monkeypatch):
     monkeypatch.setattr(buffers, "_cuda_aware", False)
     send = np.arange(4.0).view(FakeDeviceArray)
     recv = np.zeros(4).view(FakeDeviceArray)
-    wire, fill, finish = schedule.stage([Send(send, 1), Recv(recv, 1)], "auto")
+    wire, fill, finish = buffers.Stager("auto", ScratchPool())([Send(send, 1), Recv(recv, 1)])
     assert fake_cupy["sync"] == 1, "the stream must be synchronized before MPI reads"
     assert all(type(m.buf) is np.ndarray for m in wire), "MPI must get host copies"
     fill()  # `post` calls it once the receives are posted
@@ -95,7 +96,7 @@ def test_staged_sends_are_copied_out_after_the_receives_are_posted():
             return MPI.REQUEST_NULL
 
     send, recv = np.arange(3.0), np.zeros(3)
-    wire, fill, finish = schedule.stage([Send(send, 0), Recv(recv, 0)], "all")
+    wire, fill, finish = buffers.Stager("all", ScratchPool())([Send(send, 0), Recv(recv, 0)])
 
     def traced_fill():
         log.append("copy sends out")
@@ -111,15 +112,21 @@ def test_cuda_aware_mpi_gets_device_buffers_after_a_sync(fake_cupy, monkeypatch)
     monkeypatch.setattr(buffers, "_cuda_aware", True)
     dev = np.ones(3).view(FakeDeviceArray)
     round_ = [Send(dev, 0)]
-    wire, fill, finish = schedule.stage(round_, "auto")
+    wire, fill, finish = buffers.Stager("auto", ScratchPool())(round_)
     assert wire is round_ and fill is None and finish is None
     assert fake_cupy["sync"] == 1
 
 
 def test_host_rounds_take_the_fast_path():
+    pool = ScratchPool()
+    assert buffers.stager(np.ones(2), pool) is None  # NumPy buffers: no stager at all
     round_ = [Send(np.ones(2), 0), Recv(np.ones(2), 0)]
-    assert schedule.stage(round_, "auto") == (round_, None, None)
-    wire, fill, finish = schedule.stage(round_, "all")  # MPIDP_STAGING=1
+    assert buffers.Stager("auto", pool)(round_) == (round_, None, None)
+    buffers.set_staging("1")  # MPIDP_STAGING=1
+    try:
+        wire, fill, finish = buffers.stager(np.ones(2), pool)(round_)
+    finally:
+        buffers.set_staging("")
     assert wire is not round_ and fill is not None and finish is not None
 
 
@@ -129,7 +136,8 @@ def test_staged_collectives_match_mpi(mpi_ranks):
     buffers.set_staging("1")  # what MPIDP_STAGING=1 does at import
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    schedule.STAGING_POOL.clear()
+    pool = state(comm).pool
+    pool.clear()
     for count in (0, 1, n + 1, 1000):
         x = np.arange(count, dtype=np.float64) * (rank + 1)
         want = np.empty_like(x)
@@ -145,7 +153,8 @@ def test_staged_collectives_match_mpi(mpi_ranks):
         mpidp.bcast(comm, b, root=0)
         assert np.array_equal(b, np.arange(count, dtype=np.int32))
     if n > 1:
-        assert schedule.STAGING_POOL.nbytes() > 0, "the staging path was not taken"
+        assert pool.nbytes() > 0 and any(key[0] == "host" for key in pool._free), \
+            "the staging path was not taken"
     buffers.set_staging("")
 
 

@@ -13,7 +13,7 @@ from mpidp.collectives.blocks import Blocks
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=60)
-def test_ring_sends_2G_N_minus_1_over_N(mpi_ranks):
+def test_ring_sends_2G_N_minus_1_over_N(mpi_ranks, no_debug_check):
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     comm = mpidp.CountingComm(world)

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     n, rank = comm.Get_size(), comm.Get_rank()
 
     start = time.perf_counter()
-    model = cost.calibrate(comm, api.CALIBRATION_TAG)
+    model = cost.calibrate(comm)
     took = time.perf_counter() - start
     cost.set_model(comm, *model)
     fixed = ALGORITHMS["allreduce"][:-1]

@@ -1,32 +1,27 @@
 """Entry points: check the arguments once, set up buffers, pick the algorithm, run it.
 
-Every collective has a nonblocking form (``iallreduce`` ... returns a `Handle`)
+Every collective has a nonblocking form (``iallreduce`` ... returns a `Request`)
 and a blocking one (``allreduce`` ... = start, then wait). Arguments are NumPy
 or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in ``recvbuf``, as in
-MPI. All checks happen here, before any message is sent, on the rank that got
-the bad argument.
+MPI. All checks happen here (`checks`), before any message is sent, on the rank
+that got the bad argument.
 
-Ranks that disagree on the count (or dtype, op, algorithm, root) make an
-erroneous program, as in MPI: without ``debug`` the result is an MPI truncation
-error on some rank or a hang. With ``debug=True`` every rank first gathers the
-others' arguments (one small all-gather) and all of them raise ``ValueError``
-with the table of what each rank passed.
-
-Concurrent nonblocking collectives on one communicator need distinct tags
-(`mpidp.Comm` numbers them for you); mpidp's messages use tags from
-``TAG_BASE`` up, so keep your own point-to-point tags below it.
+Any number of nonblocking collectives may be in flight on one communicator,
+completed in any order: each takes the next tag of its communicator's sequence
+(`state`), as MPI matches collectives by the order of the calls. ``tag=`` gives
+a tag of your own instead (below ``TAG_BASE``; then the concurrency is yours to
+manage). Ranks that disagree on the arguments cannot exchange data (the call's
+signature is in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank
+raise ``ValueError`` with what each rank passed (`checks.agree`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 from mpi4py import MPI
 
 from . import cost
 from .blocks import Blocks
-from .buffers import ScratchPool, array_module, check_buffer, staging_mode, sync
+from .checks import check_buffer, check_pair
 from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
@@ -36,19 +31,14 @@ from .halving import (
     recursive_doubling_allreduce,
     recursive_halving_reduce_scatter,
 )
-from .ops import Op, resolve_op
+from .ops import resolve_op
+from .plan import Call, Plan, copy_rounds, no_rounds, planned
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .schedule import Handle, run
+from .schedule import Request
+from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
-TAG_BASE = 0x4D50  # 19792; tags TAG_BASE .. TAG_BASE + TAG_SPAN - 1 are mpidp's
-TAG_SPAN = 4096
-DEFAULT_TAG = TAG_BASE
-
-POOL = ScratchPool()  # scratch shared by calls that pass no pool of their own
-
-CALIBRATION_TAG = TAG_BASE + TAG_SPAN  # cost.calibrate's messages, apart from any collective's
 
 # name -> (generator, scratch items needed for a vector of `blocks`, one block per rank).
 # The all-reduce and reduce-scatter generators take (comm, buf, blocks, op, tmp, src):
@@ -76,6 +66,16 @@ ALGORITHMS = {
 }
 
 
+def check_algorithm(collective: str, algorithm) -> tuple:
+    """Raise ValueError unless `algorithm` names one of `collective`'s; return the names."""
+    names = ALGORITHMS.get(collective)
+    if names is None:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {list(ALGORITHMS)}")
+    if algorithm not in names:
+        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
+    return names
+
+
 def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     """Resolve ``"auto"`` to an algorithm name; check a given name.
 
@@ -84,70 +84,39 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     holds alike, so every rank makes it alike; the first ``"auto"`` on a comm
     calibrates the model, collectively (see `cost.model`).
     """
-    names = ALGORITHMS[collective]
-    if algorithm not in names:
-        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
+    names = check_algorithm(collective, algorithm)
     if algorithm != "auto":
         return algorithm
-    n = comm.Get_size()
-    if n == 1:
+    if comm.Get_size() == 1:
         return names[0]
-    return cost.choose(comm, CALIBRATION_TAG, collective, names[:-1], nbytes)
+    return cost.choose(comm, collective, names[:-1], nbytes)
 
 
-class Plan(NamedTuple):
-    """A collective ready to run: its rounds, and what to do when they are done."""
-
-    comm: object
-    rounds: object
-    tag: int
-    on_done: object = None
-    mode: str | None = None  # staging mode; "host": NumPy buffers, nothing to stage
-
-    def start(self) -> Handle:
-        return Handle(self.comm, self.rounds, self.tag, self.on_done, self.mode)
-
-    def run(self) -> None:
-        run(self.comm, self.rounds, self.tag, self.on_done, self.mode)
-
-
-def _mode(buf) -> str:
-    """The staging mode for a collective on `buf`, decided once per call."""
-    mode = staging_mode()
-    return "host" if mode == "auto" and type(buf) is np.ndarray else mode
-
-
-def plan_allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", *,
-                   tag: int = DEFAULT_TAG, pool: ScratchPool | None = None,
-                   debug: bool = False) -> Plan:
+@planned
+def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto") -> Plan:
     """Check the arguments of an all-reduce and set it up (``sendbuf=IN_PLACE``: in recvbuf)."""
+    comm = call.comm
     op = resolve_op(op)
-    _check_pair(sendbuf, recvbuf, op, same_size=True)
+    check_pair(None if sendbuf is IN_PLACE else sendbuf, recvbuf, op, same_size=True)
     buf = recvbuf.reshape(-1)
     algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
-    if debug:
-        _agree(comm, "allreduce", tag, buf.size, buf.dtype, op, algorithm)
+    tag = call.tag("allreduce", buf.size, buf.dtype, op, algorithm)
     n = comm.Get_size()
-    src = None  # out of place, the algorithms read sendbuf where it is (no copy first)
-    if sendbuf is not IN_PLACE:
-        if n > 1:
-            src = sendbuf.reshape(-1)
-        else:  # one rank: no round will write recvbuf
-            array_module(buf).copyto(buf, sendbuf.reshape(-1))
+    if sendbuf is not IN_PLACE and n == 1:  # one rank: no round will write recvbuf
+        return Plan(call, copy_rounds, (buf, sendbuf.reshape(-1)), tag)
     if buf.size == 0:
-        return Plan(comm, iter(()), tag)
+        return Plan(call, no_rounds, (), tag)
+    # out of place, the algorithms read sendbuf where it is (no copy first)
+    src = None if sendbuf is IN_PLACE else sendbuf.reshape(-1)
     blocks = Blocks.even(buf.size, n)
     algo, scratch_items = ALLREDUCE[algorithm]
-    pool = POOL if pool is None else pool
-    tmp = pool.take(buf, scratch_items(blocks))
-    sync(buf)
-    return Plan(comm, algo(comm, buf, blocks, op, tmp, src), tag, lambda: pool.give(tmp),
-                _mode(buf))
+    tmp = call.state.pool.take(buf, scratch_items(blocks))
+    return Plan(call, algo, (comm, buf, blocks, op, tmp, src), tag, None, (tmp,), buf)
 
 
-def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
-                        algorithm: str = "auto", *, tag: int = DEFAULT_TAG,
-                        pool: ScratchPool | None = None, debug: bool = False) -> Plan:
+@planned
+def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
+                        algorithm: str = "auto") -> Plan:
     """Check and set up a reduce-scatter: rank r gets block r of the reduced vector.
 
     Args:
@@ -159,10 +128,11 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             sums go to a pooled work vector (MPI forbids writing sendbuf), and
             sendbuf is read where it is, not copied.
     """
+    comm = call.comm
     op = resolve_op(op)
     n, rank = comm.Get_size(), comm.Get_rank()
     in_place = sendbuf is IN_PLACE
-    _check_pair(sendbuf, recvbuf, op, same_size=False)
+    check_pair(None if in_place else sendbuf, recvbuf, op)
     full = recvbuf if in_place else sendbuf
     if recvcounts is None:
         if in_place and full.size % n:
@@ -180,53 +150,48 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
         raise ValueError(f"recvbuf has {recvbuf.size} items, rank {rank} receives "
                          f"{blocks.counts[rank]}")
     algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
-    if debug:
-        _agree(comm, "reduce_scatter", tag, blocks.counts, full.dtype, op, algorithm)
-    pool = POOL if pool is None else pool
+    tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
+    pool = call.state.pool
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
-    src = None
+    algo, scratch_items = REDUCE_SCATTER[algorithm]
     if in_place:
         work = recvbuf.reshape(-1)
+        args = (comm, work, blocks, op, pool.take(work, scratch_items(blocks)), None)
+        scratch = args[4:5]
     else:  # the partial sums need a whole vector: a pooled one, reused across calls
         work = pool.take(full, full.size)
-        if n > 1:
-            src = full.reshape(-1)  # read where it is: the algorithms never write it
-        else:
-            array_module(work).copyto(work, full.reshape(-1))
-    algo, scratch_items = REDUCE_SCATTER[algorithm]
-    tmp = pool.take(work, scratch_items(blocks))
+        tmp = pool.take(work, scratch_items(blocks))
+        # read sendbuf where it is: the algorithms never write it (one rank: a copy)
+        args = (comm, work, blocks, op, tmp, full.reshape(-1) if n > 1 else None)
+        if n == 1:
+            algo, args = copy_rounds, (work, full.reshape(-1), algo, *args)
+        scratch = (tmp, work)
 
-    def done():
+    def finish():
         mine = blocks.view(work, rank)
         if in_place and 0 < blocks.displs[rank] < mine.size:  # overlapping move to the front
             mine = mine.copy()
         out[...] = mine  # in place: moves block `rank` to the front
-        pool.give(tmp)
-        if not in_place:
-            pool.give(work)
 
-    sync(work)
-    return Plan(comm, algo(comm, work, blocks, op, tmp, src), tag, done, _mode(work))
+    return Plan(call, algo, args, tag, finish, scratch, work)
 
 
-def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
-                   algorithm: str = "auto", *, tag: int = DEFAULT_TAG,
-                   debug: bool = False) -> Plan:
+@planned
+def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
+                   algorithm: str = "auto") -> Plan:
     """Check and set up an all-gather: block r of `recvbuf` gets rank r's `sendbuf`.
 
     Args:
         recvcounts, displs: per-rank counts and offsets (``MPI_Allgatherv``); None
             means equal blocks of ``sendbuf.size`` items, packed (with IN_PLACE,
-            ``recvbuf.size / N``), as ``MPI_Allgather``.
+            ``recvbuf.size / N``), as ``MPI_Allgather``. The displacements are this
+            rank's layout of recvbuf; the counts must be the same on every rank.
         sendbuf: this rank's block, or IN_PLACE: it is already at its place in recvbuf.
     """
+    comm = call.comm
     n, rank = comm.Get_size(), comm.Get_rank()
     in_place = sendbuf is IN_PLACE
-    check_buffer(recvbuf, "recvbuf", writable=True)
-    if not in_place:
-        check_buffer(sendbuf, "sendbuf")
-        _check_dtypes(sendbuf, recvbuf)
-        _check_no_alias(sendbuf, recvbuf)
+    check_pair(None if in_place else sendbuf, recvbuf)
     if recvcounts is None:
         if in_place and recvbuf.size % n:
             raise ValueError(f"in-place allgather: recvbuf size {recvbuf.size} "
@@ -246,39 +211,37 @@ def plan_allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
     buf = recvbuf.reshape(-1)
     # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
     algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
-    if debug:
-        _agree(comm, "allgather", tag, blocks.counts, blocks.displs, buf.dtype, algorithm)
-    if not in_place:
-        array_module(buf).copyto(blocks.view(buf, rank), sendbuf.reshape(-1))
-    sync(buf)
-    return Plan(comm, ALLGATHER[algorithm](comm, buf, blocks), tag, None, _mode(buf))
+    tag = call.tag("allgather", blocks.counts, buf.dtype, None, algorithm)
+    algo, args = ALLGATHER[algorithm], (comm, buf, blocks)
+    if not in_place:  # this rank's block to its place in recvbuf, at every run
+        algo, args = copy_rounds, (blocks.view(buf, rank), sendbuf.reshape(-1), algo, *args)
+    return Plan(call, algo, args, tag, None, (), buf)
 
 
-def plan_bcast(comm, buf, root: int = 0, algorithm: str = "auto", *,
-               tag: int = DEFAULT_TAG, debug: bool = False) -> Plan:
+@planned
+def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     """Check and set up a broadcast of `buf` from `root` to every rank."""
+    comm = call.comm
     n = comm.Get_size()
     check_buffer(buf, "buf", writable=comm.Get_rank() != root)
     if not 0 <= root < n:
         raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
     flat = buf.reshape(-1)
     algorithm = choose(comm, "bcast", flat.nbytes, algorithm)
-    if debug:
-        _agree(comm, "bcast", tag, flat.size, flat.dtype, algorithm, root)
-    sync(flat)
-    return Plan(comm, BCAST[algorithm](comm, flat, root), tag, None, _mode(flat))
+    tag = call.tag("bcast", flat.size, flat.dtype, None, algorithm, root)
+    return Plan(call, BCAST[algorithm], (comm, flat, root), tag, None, (), flat)
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:
     """All-reduce: every rank's `recvbuf` gets the reduction of all ranks' `sendbuf`.
 
-    Keywords: ``tag``, ``pool`` (a ScratchPool), ``debug`` (check that ranks agree).
+    Keywords: ``tag`` (your own, below ``TAG_BASE``), ``debug`` (check that ranks agree).
     """
     plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, **kw).run()
 
 
-def iallreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> Handle:
-    """Start an all-reduce; returns a Handle (`test()`, `wait()`)."""
+def iallreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> Request:
+    """Start an all-reduce; returns a Request (`test()`, `wait()`)."""
     return plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, **kw).start()
 
 
@@ -289,8 +252,8 @@ def reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
 
 
 def ireduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
-                    algorithm: str = "auto", **kw) -> Handle:
-    """Start a reduce-scatter; returns a Handle."""
+                    algorithm: str = "auto", **kw) -> Request:
+    """Start a reduce-scatter; returns a Request."""
     return plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts, op, algorithm, **kw).start()
 
 
@@ -301,8 +264,8 @@ def allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
 
 
 def iallgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
-               algorithm: str = "auto", **kw) -> Handle:
-    """Start an all-gather; returns a Handle."""
+               algorithm: str = "auto", **kw) -> Request:
+    """Start an all-gather; returns a Request."""
     return plan_allgather(comm, sendbuf, recvbuf, recvcounts, displs, algorithm, **kw).start()
 
 
@@ -311,50 +274,6 @@ def bcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> None:
     plan_bcast(comm, buf, root, algorithm, **kw).run()
 
 
-def ibcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Handle:
-    """Start a broadcast; returns a Handle."""
+def ibcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Request:
+    """Start a broadcast; returns a Request."""
     return plan_bcast(comm, buf, root, algorithm, **kw).start()
-
-
-# ---------------------------------------------------------------- helpers
-
-def _check_pair(sendbuf, recvbuf, op: Op, same_size: bool) -> None:
-    check_buffer(recvbuf, "recvbuf", writable=True)
-    if sendbuf is not IN_PLACE:
-        check_buffer(sendbuf, "sendbuf")
-        _check_dtypes(sendbuf, recvbuf)
-        if same_size and sendbuf.size != recvbuf.size:
-            raise ValueError(f"sendbuf has {sendbuf.size} items, recvbuf {recvbuf.size}")
-        _check_no_alias(sendbuf, recvbuf)
-    op.check(recvbuf.dtype)
-
-
-def _check_dtypes(sendbuf, recvbuf) -> None:
-    if sendbuf.dtype != recvbuf.dtype:
-        raise TypeError(f"sendbuf is {sendbuf.dtype}, recvbuf is {recvbuf.dtype}: "
-                        "they must have the same dtype")
-    if array_module(sendbuf) is not array_module(recvbuf):
-        raise TypeError("sendbuf and recvbuf must both be host (NumPy) or device (CuPy) arrays")
-
-
-def _check_no_alias(sendbuf, recvbuf) -> None:
-    xp = array_module(recvbuf)
-    if xp.may_share_memory(sendbuf, recvbuf) and xp.shares_memory(sendbuf, recvbuf):
-        raise ValueError("sendbuf and recvbuf overlap; pass sendbuf=IN_PLACE instead")
-
-
-def _agree(comm, collective: str, tag: int, *args) -> None:
-    """Debug mode: check that every rank passed the same arguments; raise on all if not."""
-    width = 256
-    mine = np.zeros(width, dtype=np.uint8)
-    text = repr([str(a) for a in args]).encode()[:width]
-    mine[: len(text)] = np.frombuffer(text, dtype=np.uint8)
-    n, rank = comm.Get_size(), comm.Get_rank()
-    table = np.zeros(n * width, dtype=np.uint8)
-    table[rank * width : (rank + 1) * width] = mine
-    run(comm, ring_allgather(comm, table, Blocks([width] * n)), tag)
-    rows = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in table.reshape(n, width)]
-    if len(set(rows)) > 1:
-        listing = "\n".join(f"  rank {r}: {row}" for r, row in enumerate(rows))
-        raise ValueError(f"{collective}: ranks disagree on the arguments "
-                         f"(count(s), dtype, op, algorithm, root):\n{listing}")

@@ -14,7 +14,7 @@ GPU arrays and MPI:
   ``MPIDP_CUDA_AWARE=0|1`` override, else ``MPIX_Query_cuda_support`` (Open MPI,
   MPICH) or ``MPIX_GPU_query_support`` (MPICH) looked up with ctypes in the loaded
   MPI library; mpi4py 4 wraps neither. The MPI wheels on PyPI are not CUDA-aware.
-- Where MPI is not CUDA-aware, device blocks are staged (`stage`): copied to a
+- Where MPI is not CUDA-aware, device blocks are staged (`Stager`): copied to a
   pinned host buffer before sending, received into one and copied back after.
   ``MPIDP_STAGING=1`` stages every buffer, NumPy ones too, so that this path runs
   and is tested on machines without a GPU.
@@ -25,6 +25,8 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -162,14 +164,67 @@ def from_host(host, dst) -> None:
         np.copyto(dst, host)
 
 
-def check_buffer(arr, what: str, writable: bool = False) -> None:
-    """Raise if `arr` is not a contiguous array (writable if asked)."""
-    if not hasattr(arr, "dtype") or not hasattr(arr, "flags"):
-        raise TypeError(f"{what} must be a NumPy or CuPy array, not {type(arr).__name__}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous (got strides {arr.strides})")
-    if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
-        raise ValueError(f"{what} is read-only; the result cannot be written into it")
+class Staged(NamedTuple):
+    """A round ready for MPI: the messages to post, and the copies around them."""
+
+    round: list
+    fill: Callable[[], None] | None = None  # copy staged sends out (after receives are up)
+    finish: Callable[[], None] | None = None  # copy staged receives back (round complete)
+
+
+class Stager:
+    """Prepares each round of a collective on device buffers (or every buffer) for MPI.
+
+    Device buffers: wait for the current CUDA stream first (MPI must not read a
+    block that a queued reduction is still writing); this is the only place mpidp
+    synchronizes. Where MPI cannot take device pointers (or MPIDP_STAGING=1), each
+    buffer is swapped for a host buffer from the communicator's pool: `fill` copies
+    the sends out, and the engine calls it only once the receives are posted, so
+    incoming data flows while the sends are copied; `finish` copies the receives
+    back once the round is done.
+    """
+
+    __slots__ = ("mode", "pool")
+
+    def __init__(self, mode: str, pool: ScratchPool):
+        self.mode, self.pool = mode, pool
+
+    def __call__(self, round_: list) -> Staged:
+        device = [m.buf for m in round_ if is_device(m.buf)]
+        if device:
+            sync(device[0])
+        if not any(needs_staging(m.buf, self.mode) for m in round_):
+            return Staged(round_)
+        wire, out, back, held = [], [], [], []
+        for m in round_:
+            if not needs_staging(m.buf, self.mode):
+                wire.append(m)
+                continue
+            host = self.pool.take_host(m.buf)
+            held.append(host)
+            wire.append(m._replace(buf=host))  # the same message, through host memory
+            (out if m.outgoing else back).append((m.buf, host))  # (user's buffer, host)
+
+        def fill() -> None:
+            for src, host in out:
+                to_host(src, host)
+
+        def finish() -> None:
+            for dst, host in back:
+                from_host(host, dst)
+            for host in held:
+                self.pool.give(host)
+
+        return Staged(wire, fill, finish)
+
+
+def stager(buf, pool: ScratchPool) -> Stager | None:
+    """What a collective on `buf` needs, decided once per call: None for NumPy buffers
+    (nothing to sync or stage: the common case), else a `Stager`."""
+    mode = staging_mode()
+    if mode != "all" and type(buf) is np.ndarray:
+        return None
+    return Stager(mode, pool)
 
 
 class ScratchPool:

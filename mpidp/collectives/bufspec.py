@@ -115,9 +115,10 @@ def _typed(buf, datatype, what: str, writable: bool):
         raise BufferError(f"{what} is not writable")
     if datatype is None:
         dtype = arr.dtype
-        if dtype.kind not in _KINDS or not dtype.isnative:
-            raise TypeError(f"{what}: dtype {dtype} is not supported "
-                            "(native-order booleans, integers, floats, complex)")
+        if not dtype.isnative:  # mpi4py's errors, word for word
+            raise BufferError(f"format string {_format(arr)!r} with non-native byte order")
+        if dtype.kind not in _KINDS:  # objects (their bytes are pointers), str, records
+            raise KeyError(f"cannot map {_format(arr)!r} to MPI datatype")
         return arr
     dtype = _to_dtype(datatype, what)
     if arr.dtype == dtype:
@@ -126,6 +127,14 @@ def _typed(buf, datatype, what: str, writable: bool):
         raise ValueError(f"message: cannot infer count, buffer length {arr.nbytes} is not "
                          f"a multiple of datatype extent {dtype.itemsize}")
     return arr.view("u1").view(dtype)  # reinterpret the bytes, as MPI does
+
+
+def _format(arr) -> str:
+    """The buffer-protocol format of `arr` (what mpi4py names in its error), else its dtype."""
+    try:
+        return memoryview(arr).format
+    except (TypeError, ValueError):
+        return arr.dtype.str
 
 
 def _as_array(buf, what: str):
@@ -198,8 +207,10 @@ def _to_dtype(datatype, what: str) -> np.dtype:
     return dtype
 
 
-def check_match(send, scount: int, recv, rcount: int, rwhat: str = "receive count") -> None:
-    """mpi4py's checks that a sendbuf and a recvbuf describe the same message."""
+def check_match(send, scount: int | None, recv, rcount: int | None,
+                rwhat: str = "receive count") -> None:
+    """mpi4py's checks that a sendbuf and a recvbuf describe the same message (counts None:
+    the datatypes only)."""
     if send.dtype != recv.dtype:
         raise ValueError(f"mismatch in send and receive datatypes: {send.dtype} and {recv.dtype}")
     if scount != rcount:

@@ -23,86 +23,28 @@ A call goes through three steps:
    sendbuf) is per rank, as in MPI. The view shares memory with ``buf``, so the
    result lands in the user's buffer.
 2. Check counts and types as mpi4py does (``ValueError`` before any message).
-3. Take the next tag of this Comm (see below) and hand the views to ``api.plan_*``.
-
-Tags: collective k on this Comm uses tag ``TAG_BASE + k % TAG_SPAN``. Every rank
-calls collectives in the same order, so the ranks agree on the tag, and up to
-TAG_SPAN nonblocking collectives may be in flight on one Comm without their
-messages crossing. Keep your own point-to-point tags below ``TAG_BASE``.
+3. Hand the views to ``api.plan_*``, which takes the next tag of the wrapped
+   communicator's sequence (`state`): collectives started through this Comm, through
+   another wrapper of the same communicator or through the `mpidp` functions on it
+   are numbered in one sequence, so any number may be in flight together. Keep your
+   own point-to-point tags below ``mpidp.TAG_BASE``.
 """
 
 from __future__ import annotations
 
 import operator
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 from mpi4py import MPI
 
-from . import api
-from .api import IN_PLACE, TAG_BASE, TAG_SPAN
-from .buffers import ScratchPool
+from . import api, cost
+from .api import IN_PLACE
 from .bufspec import check_match, simple, vector
-from .schedule import waitall
-
-
-class Request:
-    """A nonblocking mpidp collective, with the methods of an mpi4py ``MPI.Request``.
-
-    ``MPI.Request.Waitall`` and the other functions of mpi4py itself do not accept
-    it (they need a real MPI request); use `Request.Waitall`, `Request.Testall`
-    or `mpidp.waitall`. The lower-case ``test()``/``wait()`` are `Handle`'s, so
-    `mpidp.waitall` and `mpidp.testall` take these requests too.
-    """
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle):
-        self.handle = handle  # the Handle driving the collective (`.rounds`, `.done`)
-
-    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Make progress without blocking; True when the collective is complete."""
-        return self.handle.test()
-
-    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Block until the collective is complete; returns True, as mpi4py's does."""
-        self.handle.wait()
-        return True
-
-    def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """True if the collective is complete (it makes progress, like MPI's)."""
-        return self.handle.test()
-
-    def test(self) -> bool:
-        return self.handle.test()
-
-    def wait(self) -> None:
-        self.handle.wait()
-
-    @staticmethod
-    def Waitall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
-        """Complete every request: mpidp's, mpi4py's own, or a mix of the two.
-
-        mpidp requests alone are completed by `mpidp.waitall` (blocking on the
-        first pending one). With MPI requests in the list, every request is polled
-        until all are done: blocking on an MPI request could starve an mpidp
-        collective that a peer needs to finish first.
-        """
-        if not any(isinstance(r, MPI.Request) for r in requests):
-            waitall(requests)
-            return True
-        while not Request.Testall(requests):
-            os.sched_yield()  # oversubscribed ranks: let the peer we wait for run
-        return True
-
-    @staticmethod
-    def Testall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
-        """Advance every request once; True if all are complete."""
-        return all([r.Test() for r in requests])
-
-    def __repr__(self) -> str:
-        return f"<mpidp.Request {'done' if self.handle.done else 'pending'}>"
+from .persistent import Persistent
+from .plan import in_sequence
+from .schedule import Request
+from .state import state
 
 
 class Comm:
@@ -114,7 +56,8 @@ class Comm:
         algorithm: a name from `mpidp.ALGORITHMS`, used by every collective that
             has it (the others use "auto"), or a dict ``{collective: name}``.
         debug: before each collective, check that all ranks passed the same
-            count, dtype, op and algorithm (one small all-gather; see api.py).
+            count, dtype, op and algorithm (one small all-gather; see checks.py).
+            ``MPIDP_DEBUG=1`` in the environment turns it on for every Comm.
     """
 
     def __init__(self, comm, algorithm: str | Mapping[str, str] = "auto", *,
@@ -130,77 +73,108 @@ class Comm:
         self.comm = comm
         self.algorithm = dict(algorithm) if isinstance(algorithm, Mapping) else algorithm
         self.debug = debug
-        self.pool = ScratchPool()  # scratch for this Comm's reductions
-        self._calls = 0  # collectives started: the tag counter
 
     # ------------------------------------------------------------ reductions
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
-        self._allreduce(sendbuf, recvbuf, op, algorithm).run()
+        self._call(self._allreduce, sendbuf, recvbuf, op, algorithm).run()
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allreduce; returns a Request."""
-        return Request(self._allreduce(sendbuf, recvbuf, op, algorithm).start())
+        return self._call(self._allreduce, sendbuf, recvbuf, op, algorithm).start()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
                              algorithm=None) -> None:
         """Rank r's recvbuf gets block r of the reduced sendbuf, equal blocks."""
-        self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm).run()
+        self._call(self._reduce_scatter_block, sendbuf, recvbuf, op, algorithm).run()
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
                               algorithm=None) -> Request:
         """Start a Reduce_scatter_block; returns a Request."""
-        return Request(self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm).start())
+        plan = self._call(self._reduce_scatter_block, sendbuf, recvbuf, op, algorithm)
+        return plan.start()
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
                        algorithm=None) -> None:
         """Rank r's recvbuf gets recvcounts[r] items of the reduced sendbuf."""
-        self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm).run()
+        self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op, algorithm).run()
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
                         algorithm=None) -> Request:
         """Start a Reduce_scatter; returns a Request (recvcounts=None gathers them first)."""
-        return Request(self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm).start())
+        plan = self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op, algorithm)
+        return plan.start()
 
     # ------------------------------------------------------------ data movement
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Block r of every rank's recvbuf gets rank r's sendbuf (MPI_Allgather)."""
-        self._allgather(sendbuf, recvbuf, algorithm).run()
+        self._call(self._allgather, sendbuf, recvbuf, algorithm).run()
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgather; returns a Request."""
-        return Request(self._allgather(sendbuf, recvbuf, algorithm).start())
+        return self._call(self._allgather, sendbuf, recvbuf, algorithm).start()
 
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Allgather with per-rank counts and displacements in the recvbuf spec."""
-        self._allgatherv(sendbuf, recvbuf, algorithm).run()
+        self._call(self._allgatherv, sendbuf, recvbuf, algorithm).run()
 
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgatherv; returns a Request."""
-        return Request(self._allgatherv(sendbuf, recvbuf, algorithm).start())
+        return self._call(self._allgatherv, sendbuf, recvbuf, algorithm).start()
 
     def Bcast(self, buf, root: int = 0, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's buf gets root's buf (MPI_Bcast)."""
-        self._bcast(buf, root, algorithm).run()
+        self._call(self._bcast, buf, root, algorithm).run()
 
     def Ibcast(self, buf, root: int = 0, *, algorithm=None) -> Request:  # noqa: N802
         """Start a Bcast; returns a Request."""
-        return Request(self._bcast(buf, root, algorithm).start())
+        return self._call(self._bcast, buf, root, algorithm).start()
+
+    # ------------------------------------------------------------ persistent (MPI-4)
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
+                       algorithm=None) -> Persistent:
+        """A persistent Allreduce: ``Start()``, ``Wait()``, as often as needed; ``Free()``."""
+        return Persistent(self._call(self._allreduce, sendbuf, recvbuf, op, algorithm,
+                                     persistent=True))
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM,  # noqa: N802
+                                  info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
+        return Persistent(self._call(self._reduce_scatter_block, sendbuf, recvbuf, op,
+                                     algorithm, persistent=True))
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,  # noqa: N802
+                            info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
+        return Persistent(self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op,
+                                     algorithm, persistent=True))
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
+                       algorithm=None) -> Persistent:
+        return Persistent(self._call(self._allgather, sendbuf, recvbuf, algorithm,
+                                     persistent=True))
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
+                        algorithm=None) -> Persistent:
+        return Persistent(self._call(self._allgatherv, sendbuf, recvbuf, algorithm,
+                                     persistent=True))
+
+    def Bcast_init(self, buf, root: int = 0, info=MPI.INFO_NULL, *,  # noqa: N802
+                   algorithm=None) -> Persistent:
+        return Persistent(self._call(self._bcast, buf, root, algorithm, persistent=True))
 
     # ------------------------------------------------------------ parse, check, plan
 
-    def _allreduce(self, sendbuf, recvbuf, op, algorithm):
+    def _allreduce(self, call, sendbuf, recvbuf, op, algorithm):
         recv, count = simple(recvbuf, "recvbuf", writable=True)
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
             send, scount = simple(sendbuf, "sendbuf")
             check_match(send, scount, recv, count)
-        return self._plan(api.plan_allreduce, "allreduce", algorithm, send, recv, op=op,
-                          pool=self.pool)
+        return self._plan(call, api.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
 
-    def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm):
+    def _reduce_scatter_block(self, call, sendbuf, recvbuf, op, algorithm):
         n = self.comm.Get_size()
         if sendbuf is IN_PLACE:  # the n blocks are in recvbuf; a count given is per block
             recv, _ = simple(recvbuf, "recvbuf", blocks=n, writable=True)
@@ -209,10 +183,10 @@ class Comm:
             recv, count = simple(recvbuf, "recvbuf", writable=True)
             send, scount = simple(sendbuf, "sendbuf", blocks=n)
             check_match(send, scount, recv, count)
-        return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
-                          op=op, pool=self.pool)
+        return self._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+                          op=op)
 
-    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm):
+    def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op, algorithm):
         n, rank = self.comm.Get_size(), self.comm.Get_rank()
         recv, count = simple(recvbuf, "recvbuf", writable=True)
         if sendbuf is IN_PLACE:
@@ -221,9 +195,7 @@ class Comm:
             send, total = IN_PLACE, count
         else:
             send, total = simple(sendbuf, "sendbuf")
-            if send.dtype != recv.dtype:
-                raise ValueError(f"mismatch in send and receive datatypes: "
-                                 f"{send.dtype} and {recv.dtype}")
+            check_match(send, None, recv, None)  # the datatypes; the counts differ here
             if recvcounts is None:  # as mpi4py: every rank's recvbuf count, gathered
                 recvcounts = self._gather_counts(count)
         recvcounts = [operator.index(c) for c in recvcounts]
@@ -235,49 +207,52 @@ class Comm:
         if send is not IN_PLACE and count != recvcounts[rank]:
             raise ValueError(f"mismatch in receive count {count} and "
                              f"recvcounts[{rank}] {recvcounts[rank]}")
-        return self._plan(api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
-                          recvcounts=recvcounts, op=op, pool=self.pool)
+        return self._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+                          recvcounts=recvcounts, op=op)
 
-    def _allgather(self, sendbuf, recvbuf, algorithm):
+    def _allgather(self, call, sendbuf, recvbuf, algorithm):
         recv, count = simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
             send, scount = simple(sendbuf, "sendbuf")
             check_match(send, scount, recv, count)
-        return self._plan(api.plan_allgather, "allgather", algorithm, send, recv)
+        return self._plan(call, api.plan_allgather, "allgather", algorithm, send, recv)
 
-    def _allgatherv(self, sendbuf, recvbuf, algorithm):
+    def _allgatherv(self, call, sendbuf, recvbuf, algorithm):
         recv, counts, displs = vector(recvbuf, "recvbuf", self.comm.Get_size())
         send = IN_PLACE
         if sendbuf is not IN_PLACE:
             send, scount = simple(sendbuf, "sendbuf")
             rank = self.comm.Get_rank()
             check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
-        return self._plan(api.plan_allgather, "allgather", algorithm, send, recv,
+        return self._plan(call, api.plan_allgather, "allgather", algorithm, send, recv,
                           recvcounts=counts, displs=displs)
 
-    def _bcast(self, buf, root, algorithm):
+    def _bcast(self, call, buf, root, algorithm):
         is_root = self.comm.Get_rank() == root
         data, _ = simple(buf, "buf", writable=not is_root)
-        return self._plan(api.plan_bcast, "bcast", algorithm, data, root=operator.index(root))
+        return self._plan(call, api.plan_bcast, "bcast", algorithm, data,
+                          root=operator.index(root))
 
     def _gather_counts(self, count: int) -> list[int]:
         """Every rank's `count`, by an mpidp all-gather (Reduce_scatter without recvcounts)."""
         counts = np.zeros(self.comm.Get_size(), dtype=np.int64)
         counts[self.comm.Get_rank()] = count
-        self._plan(api.plan_allgather, "allgather", None, IN_PLACE, counts).run()
+        self._call(self._plan, api.plan_allgather, "allgather", None, IN_PLACE, counts).run()
         return counts.tolist()
 
-    def _plan(self, plan, collective: str, algorithm, *args, **kwargs):
-        """Call ``api.plan_<collective>`` with this Comm's algorithm, next tag and debug flag."""
-        tag = TAG_BASE + self._calls % TAG_SPAN
-        self._calls += 1
-        try:
-            return plan(self.comm, *args, algorithm=self._algorithm_for(collective, algorithm),
-                        tag=tag, debug=self.debug, **kwargs)
-        except BaseException:
-            self._calls -= 1  # nothing was started: the tag is still free
-            raise
+    def _call(self, parse, *args, persistent: bool = False):
+        """``parse(call, *args)`` for the next collective of the sequence (`plan.in_sequence`).
+
+        The call takes its number before its arguments are parsed: one that raises
+        has used it up, on this rank as on the others.
+        """
+        return in_sequence(self.comm, None, self.debug, parse, *args, persistent=persistent)
+
+    def _plan(self, call, plan, collective: str, algorithm, *args, **kwargs):
+        """``api.plan_<collective>``'s body, for `call`, with this Comm's algorithm."""
+        return plan.body(call, *args, algorithm=self._algorithm_for(collective, algorithm),
+                         **kwargs)
 
     def _algorithm_for(self, collective: str, override) -> str:
         """The algorithm name for one call: a per-call override, else this Comm's setting."""
@@ -290,24 +265,30 @@ class Comm:
 
     # ------------------------------------------------------------ new communicators
 
-    def _wrap(self, newcomm):
-        """A communicator made from this one, wrapped with the same settings."""
+    def _wrap(self, newcomm, same_ranks: bool = False):
+        """A communicator made from this one, wrapped with the same settings.
+
+        A duplicate (`same_ranks`) has the same ranks on the same links, so it
+        inherits the cost model: no second calibration.
+        """
         if newcomm == MPI.COMM_NULL or (isinstance(newcomm, MPI.Comm) and newcomm.Is_inter()):
             return newcomm
+        if same_ranks:
+            state(newcomm).inherit(state(self.comm))
         return Comm(newcomm, self.algorithm, debug=self.debug)
 
     def Dup(self, *args, **kwargs) -> Comm:  # noqa: N802
-        return self._wrap(self.comm.Dup(*args, **kwargs))
+        return self._wrap(self.comm.Dup(*args, **kwargs), same_ranks=True)
 
     def Dup_with_info(self, *args, **kwargs) -> Comm:  # noqa: N802
-        return self._wrap(self.comm.Dup_with_info(*args, **kwargs))
+        return self._wrap(self.comm.Dup_with_info(*args, **kwargs), same_ranks=True)
 
     def Idup(self, *args, **kwargs) -> tuple:  # noqa: N802
         newcomm, request = self.comm.Idup(*args, **kwargs)
-        return self._wrap(newcomm), request
+        return self._wrap(newcomm, same_ranks=True), request
 
     def Clone(self) -> Comm:  # noqa: N802
-        return self._wrap(self.comm.Clone())
+        return self._wrap(self.comm.Clone(), same_ranks=True)
 
     def Split(self, *args, **kwargs) -> Comm:  # noqa: N802
         return self._wrap(self.comm.Split(*args, **kwargs))
@@ -340,23 +321,38 @@ class Comm:
         return f"mpidp.Comm({self.comm!r}, algorithm={self.algorithm!r})"
 
 
+# ---------------------------------------------------------------- duplicates
+
+def duplicate(comm, with_model: bool = True):
+    """A duplicate of the MPI communicator `comm` is (or that an `mpidp.Comm` wraps), or None.
+
+    The duplicate is a matching space of its own, with its own tag sequence; with
+    `with_model` it inherits comm's cost model (calibrated now if comm has none:
+    once, not once per duplicate). Other comm-like objects (a `CountingComm`, a
+    proxy) get None: use them as given.
+    """
+    parent = comm.comm if isinstance(comm, Comm) else comm
+    if not isinstance(parent, MPI.Intracomm):
+        return None
+    dup = parent.Dup()
+    if with_model and parent.Get_size() > 1:
+        cost.model(parent)
+        state(dup).inherit(state(parent))
+    return dup
+
+
+
 # ---------------------------------------------------------------- algorithm names
 
 def _check_algorithm(algorithm) -> None:
     """Raise ValueError for a name (or dict entry) that mpidp.ALGORITHMS does not list."""
-    algorithms = api.ALGORITHMS
     if isinstance(algorithm, str):
-        names = sorted({name for names in algorithms.values() for name in names})
+        names = sorted({name for names in api.ALGORITHMS.values() for name in names})
         if algorithm not in names:
             raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {names}, "
                              f"or a dict {{collective: name}} (see mpidp.ALGORITHMS)")
     elif isinstance(algorithm, Mapping):
         for collective, name in algorithm.items():
-            if collective not in algorithms:
-                raise ValueError(f"unknown collective {collective!r}; "
-                                 f"expected one of {list(algorithms)}")
-            if name not in algorithms[collective]:
-                raise ValueError(f"unknown {collective} algorithm {name!r}; "
-                                 f"expected one of {algorithms[collective]}")
+            api.check_algorithm(collective, name)
     else:
         raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")

@@ -36,8 +36,9 @@ for the slowest of N ranks (on an oversubscribed node, several times a
 back-to-back ping-pong). The ranks then agree on the numbers with a tiny
 all-reduce, so every rank holds the same model and `best` makes the same choice on
 every rank: a rank that chose differently from the others would deadlock. It
-takes tens of milliseconds, never runs on import, and is cached per communicator
-(as an MPI attribute: a duplicate communicator calibrates again).
+takes tens of milliseconds, never runs on import, and is kept in the
+communicator's state (`state`: a duplicate calibrates again unless it inherits
+the model, as `DataParallel`'s does).
 ``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed]`` in the
 environment, or `set_model`, skip it.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
@@ -48,18 +49,17 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from mpi4py import MPI
 
 from .blocks import Blocks
 from .halving import recursive_doubling_allreduce
 from .ops import MAX, SUM
 from .ring import ring_allreduce
 from .schedule import Rounds, run
+from .state import state
 
 
 class Model(NamedTuple):
@@ -118,57 +118,35 @@ def best(m: Model, collective: str, names: tuple, nbytes: int, p: int) -> str:
 
 # ------------------------------------------------------------ the per-comm model
 
-# id(comm) -> (weak reference to comm, its model, {(collective, names, nbytes): name})
-_answers: dict[int, tuple] = {}
+def choose(comm, collective: str, names: tuple, nbytes: int) -> str:
+    """`best` of the collective's algorithms `names` under the comm's model, remembered.
 
-
-def choose(comm, tag: int, collective: str, names: tuple, nbytes: int) -> str:
-    """`best` under the comm's model, remembered per comm object.
-
-    Asking MPI for the comm's model (an attribute lookup) costs more than the choice
-    itself, and a small collective pays it before its first message; on ranks that
-    share cores that wait grows several times. So each comm object keeps its model
-    and its answers here. It is held by a weak reference: when it dies its entry
-    goes, and an id reused by a new object is never taken for the old one.
+    The model and the answers live in the comm's state (`state.state`): a small
+    collective pays for this before its first message, so a repeated question
+    costs one dict lookup.
     """
-    key = id(comm)
-    entry = _answers.get(key)
-    if entry is None or entry[0]() is not comm:
-        try:
-            ref = weakref.ref(comm, lambda _, key=key: _answers.pop(key, None))
-        except TypeError:  # an object without weak references: ask every time
-            return best(model(comm, tag), collective, names, nbytes, comm.Get_size())
-        entry = _answers[key] = (ref, model(comm, tag), {})
-    answers, question = entry[2], (collective, names, nbytes)
-    name = answers.get(question)
+    st = state(comm)
+    question = (collective, nbytes)
+    name = st.choices.get(question)
     if name is None:
-        if len(answers) > 4096:  # a run with ever new sizes: start again
-            answers.clear()
-        name = answers[question] = best(entry[1], collective, names, nbytes, comm.Get_size())
+        m = model(comm)
+        if len(st.choices) > 4096:  # a run with ever new sizes: start again
+            st.choices.clear()
+        name = st.choices[question] = best(m, collective, names, nbytes, comm.Get_size())
     return name
-
-
-_keyval = None
-
-
-def _key() -> int:
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval()
-    return _keyval
 
 
 def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0) -> Model:
     """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
     m = Model(float(alpha), float(beta), float(gamma), float(fixed))
-    comm.Set_attr(_key(), m)
-    _answers.clear()  # answers under the old model (of any object for this comm) are stale
+    st = state(comm)
+    st.model, st.choices = m, {}  # answers under the old model are stale
     return m
 
 
-def model(comm, tag: int) -> Model:
-    """The comm's model: cached, or from ``MPIDP_COST``, or calibrated now (collective)."""
-    m = comm.Get_attr(_key())
+def model(comm) -> Model:
+    """The comm's model: known, or from ``MPIDP_COST``, or calibrated now (collective)."""
+    m = state(comm).model
     if m is None:
         env = os.environ.get("MPIDP_COST", "").strip()
         if env == "default":
@@ -176,8 +154,8 @@ def model(comm, tag: int) -> Model:
         elif env:
             m = Model(*(float(x) for x in env.split(",")))
         else:
-            m = calibrate(comm, tag)
-        set_model(comm, *m)
+            m = calibrate(comm)
+        m = set_model(comm, *m)
     return m
 
 
@@ -228,11 +206,24 @@ def fit(rows: np.ndarray, seconds: np.ndarray) -> Model:
     return Model(*found[1:], fixed=found[0])
 
 
-def calibrate(comm, tag: int) -> Model:
-    """Fit fixed, α, β, γ on `comm`; collective: every rank calls it, and all get the same."""
+def calibrate(comm) -> Model:
+    """Fit fixed, α, β, γ on `comm`; collective: every rank calls it, and all get the same.
+
+    It is one collective of the comm's sequence: its messages use the next tag.
+    """
     n = comm.Get_size()
     if n == 1:  # nothing is exchanged, nothing to measure
         return DEFAULT
+    st = state(comm)
+    slot = st.take()
+    try:
+        return _calibrate(comm, st.tag(slot))
+    finally:
+        st.release(slot)
+
+
+def _calibrate(comm, tag: int) -> Model:
+    n = comm.Get_size()
     buf = np.zeros(max(SIZES) // 4, np.float32)
     tmp = np.empty_like(buf)
     times = np.array([_fastest(comm, tag, name, buf[: size // 4], tmp[: size // 4])

@@ -16,32 +16,33 @@ with the collective's tag:
 - ``run(comm, rounds, tag)`` is the blocking collective: a round of one send and
   one receive becomes one ``Sendrecv``, any other round ``Isend``/``Irecv`` +
   ``Waitall``.
-- ``Handle(comm, rounds, tag)`` is the nonblocking one: it posts each round with
+- ``Request(comm, rounds, tag)`` is the nonblocking one: it posts each round with
   ``Isend``/``Irecv``; ``test()`` advances as far as it can without blocking and
   ``wait()`` drives it to the end.
 
-Either way the same algorithm loop runs: there is no second copy of it.
+Either way the same algorithm loop runs: there is no second copy of it. Device
+buffers are the business of a `buffers.Stager`, which the plan hands over (or
+None: NumPy buffers need nothing).
+
+Completion policy (`waitall`, used by `mpidp.Comm`, `DataParallel` and users):
+poll every pending request, mpidp's and mpi4py's alike, and yield the core
+between passes. Blocking in one request would advance only that collective, and a
+peer may need another one to move first; on ranks that share cores, a spinning
+rank would take the time its peers need.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import threading
-from collections.abc import Callable, Generator, Iterable
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import NamedTuple
 
-import numpy as np
 from mpi4py import MPI
 
-from .buffers import (
-    ScratchPool,
-    from_host,
-    is_device,
-    msg,
-    needs_staging,
-    staging_mode,
-    sync,
-    to_host,
-)
+from .buffers import Stager, msg
 
 
 class Send(NamedTuple):
@@ -49,6 +50,7 @@ class Send(NamedTuple):
 
     buf: object
     peer: int
+    outgoing = True  # (a class attribute, not a field) what staging copies out first
 
 
 class Recv(NamedTuple):
@@ -56,65 +58,11 @@ class Recv(NamedTuple):
 
     buf: object
     peer: int
+    outgoing = False
 
 
 Round = list  # of Send and Recv
 Rounds = Generator[Round, None, None]
-
-
-STAGING_POOL = ScratchPool()  # host buffers for staged device blocks, reused
-
-
-class Staged(NamedTuple):
-    """A round ready for MPI: the messages to post, and the copies around them."""
-
-    round: Round
-    fill: Callable[[], None] | None = None  # copy staged sends out (after receives are up)
-    finish: Callable[[], None] | None = None  # copy staged receives back (round complete)
-
-
-def stage(round_: Round, mode: str) -> Staged:
-    """Prepare a round's buffers for MPI.
-
-    Device buffers: wait for the current CUDA stream first (MPI must not read a
-    block that a queued reduction is still writing). Where MPI cannot take device
-    pointers (or MPIDP_STAGING=1), swap each buffer for a host buffer: `fill`
-    copies the sends out, and `post` calls it only once the receives are posted,
-    so incoming data flows while the sends are copied; `finish` copies the
-    receives back once the round is done. Send and receive buffers are separate,
-    and pooled across rounds and calls.
-    """
-    if mode == "host" or (mode != "all" and all(type(m.buf) is np.ndarray for m in round_)):
-        return Staged(round_)  # the common case: host arrays, nothing to do
-    if any(is_device(m.buf) for m in round_):
-        sync(next(m.buf for m in round_ if is_device(m.buf)))
-    if not any(needs_staging(m.buf, mode) for m in round_):
-        return Staged(round_)
-    wire, out, back, held = [], [], [], []
-    for m in round_:
-        if not needs_staging(m.buf, mode):
-            wire.append(m)
-            continue
-        host = STAGING_POOL.take_host(m.buf)
-        held.append(host)
-        if type(m) is Send:
-            out.append((m.buf, host))
-            wire.append(Send(host, m.peer))
-        else:
-            wire.append(Recv(host, m.peer))
-            back.append((host, m.buf))
-
-    def fill() -> None:
-        for src, host in out:
-            to_host(src, host)
-
-    def finish() -> None:
-        for host, dst in back:
-            from_host(host, dst)
-        for host in held:
-            STAGING_POOL.give(host)
-
-    return Staged(wire, fill, finish)
 
 
 def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) -> list:
@@ -129,11 +77,11 @@ def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) 
     return reqs
 
 
-def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
+def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> None:
     """Complete one round, blocking, with the fewest MPI calls."""
     fill = finish = None
-    if mode != "host":  # "host": NumPy buffers only, nothing to stage or sync
-        round_, fill, finish = stage(round_, mode)
+    if stager is not None:
+        round_, fill, finish = stager(round_)
     if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
         if fill is not None:
             fill()
@@ -145,70 +93,117 @@ def exchange(comm, round_: Round, tag: int, mode: str = "auto") -> None:
         finish()
 
 
+def check_timeout(value, name: str = "timeout") -> float:
+    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
+        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
+    return seconds
+
+
+def timeout_from_env(default: float | None = None) -> float | None:
+    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
+
+    ValueError if it is set to anything but a finite number > 0.
+    """
+    value = os.environ.get("MPIDP_TIMEOUT", "")
+    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
+
+
+_UNSET = object()
+_default_timeout = _UNSET
+
+
+def default_timeout() -> float | None:
+    """``MPIDP_TIMEOUT`` (seconds), read once: the deadline of every wait not given one.
+
+    Set, it bounds blocking collectives and waits alike (TimeoutError), so that a
+    program whose ranks disagree, or whose peer died, ends instead of hanging.
+    """
+    global _default_timeout
+    if _default_timeout is _UNSET:
+        _default_timeout = timeout_from_env()
+    return _default_timeout
+
+
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
-        mode: str | None = None) -> int:
+        stager: Stager | None = None) -> int:
     """Run a schedule to completion (the blocking collective); return its round count.
 
-    Args:
-        mode: the staging mode (`buffers.staging_mode`), or "host": every buffer is a
-            NumPy array and nothing is staged (the plan knows; saves a check per round).
+    With ``MPIDP_TIMEOUT`` set, the rounds are polled against that deadline instead.
     """
-    mode = staging_mode() if mode is None else mode
+    if default_timeout() is not None:
+        request = Request(comm, rounds, tag, on_done, stager)
+        request.wait()
+        return request.rounds
     count = 0
     for round_ in rounds:
-        exchange(comm, round_, tag, mode)
+        exchange(comm, round_, tag, stager)
         count += 1
     if on_done is not None:
         on_done()
     return count
 
 
-class Handle:
-    """A collective in flight. `test()` makes progress; `wait()` completes it.
+class Request:
+    """A collective in flight, with the methods of an mpi4py ``MPI.Request``.
+
+    `test()` completes every round that is ready and posts the next; `wait()`
+    drives it to the end. ``Test``/``Wait``/``Get_status`` and the static
+    ``Waitall``/``Testall`` are mpi4py's spellings; the static ones take mpidp's
+    and mpi4py's requests mixed (mpi4py's own ``MPI.Request.Waitall`` takes MPI
+    requests only).
 
     Args:
         comm, tag: where the rounds' messages are posted.
         rounds: the algorithm's generator; its first round is posted here.
         on_done: called once when the last round completes (gives back scratch,
-            copies the result out).
+            copies the result out, frees the tag).
+        stager: prepares rounds with device buffers for MPI (None: NumPy only).
     """
 
-    __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_mode", "_on_done", "_lock",
-                 "done", "rounds")
+    __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_stager", "_on_done",
+                 "_lock", "done", "rounds", "completed_at")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
-                 on_done: Callable[[], None] | None = None, mode: str | None = None):
+                 on_done: Callable[[], None] | None = None, stager: Stager | None = None):
         self._comm, self._tag, self._rounds, self._on_done = comm, tag, rounds, on_done
         self._reqs: list = []
         self._finish = None  # copies staged receives back once the round is done
-        self._mode = staging_mode() if mode is None else mode
+        self._stager = stager
         self._lock = threading.Lock()  # test() may race with a progress thread
         self.done = False
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
+        self.completed_at: float | None = None  # time.perf_counter() when it completed
         with self._lock:
             self._advance()
 
     def _advance(self) -> None:
-        """Resume the generator: finish the last round's local work, post the next round."""
+        """Finish the round, take the next one, post it."""
         if self._finish is not None:
             self._finish()
             self._finish = None
-        try:
-            round_ = next(self._rounds)
-        except StopIteration:
+        round_ = next(self._rounds, None)
+        if round_ is None:
             self._reqs = []
             self.done = True
+            self.completed_at = time.perf_counter()
             if self._on_done is not None:
                 self._on_done()
             return
         self.rounds += 1
-        round_, fill, self._finish = stage(round_, self._mode)
+        fill = None
+        if self._stager is not None:
+            round_, fill, self._finish = self._stager(round_)
         self._reqs = post(self._comm, round_, self._tag, fill)
 
     def test(self) -> bool:
         """Complete every round that is ready and post the next; True when all are done.
 
-        If another thread (a progress thread) is advancing this handle right now,
+        If another thread (a progress thread) is advancing this request right now,
         return False at once instead of waiting for its reduction to finish.
         """
         if not self._lock.acquire(blocking=False):
@@ -222,46 +217,84 @@ class Handle:
         finally:
             self._lock.release()
 
-    def wait(self) -> None:
-        """Block until the collective is complete."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the collective is complete; TimeoutError after `timeout` seconds
+        (None: ``MPIDP_TIMEOUT``, if set; else no limit).
+
+        After a timeout the collective is still in flight: its messages stay posted
+        and may yet complete (call `wait` again). A peer that never joins it leaves
+        the communicator unusable for mpidp's collectives: free it or end the job.
+        """
+        timeout = default_timeout() if timeout is None else timeout
+        if timeout is not None:
+            waitall([self], timeout)
+            return
         with self._lock:
             while not self.done:
                 if self._reqs:
                     MPI.Request.Waitall(self._reqs)
                 self._advance()
 
-    # mpi4py's spellings, so a Handle can stand where a request is expected.
-    def Test(self) -> bool:  # noqa: N802
+    # mpi4py's spellings, so that a Request stands where an MPI.Request is expected
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Make progress without blocking; True when the collective is complete."""
         return self.test()
 
-    def Wait(self) -> None:  # noqa: N802
+    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Block until the collective is complete; returns True, as mpi4py's does."""
         self.wait()
+        return True
+
+    def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """True if the collective is complete (it makes progress, like MPI's)."""
+        return self.test()
+
+    @staticmethod
+    def Waitall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
+        """Complete every request, mpidp's and mpi4py's (`waitall`)."""
+        waitall(requests)
+        return True
+
+    @staticmethod
+    def Testall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
+        """Advance every request once; True if all are complete."""
+        return testall(requests)
+
+    def __repr__(self) -> str:
+        return f"<mpidp.Request {'done' if self.done else 'pending'}, {self.rounds} rounds>"
 
 
-def done_handle() -> Handle:
-    """A Handle with nothing to do (count 0, one rank)."""
-    return Handle(None, iter(()), 0)
+Handle = Request  # the name the documents used first; one class
 
 
-def waitall(requests: Iterable) -> None:
-    """Complete every Handle (or mpi4py request). All ranks pass theirs in the same order.
+def waitall(requests: Iterable, timeout: float | None = None) -> None:
+    """Complete every request (mpidp's or mpi4py's), in any order the peers allow.
 
-    Each pass advances every pending one without blocking, then blocks on the
-    first one still pending: a rank blocked on handle i has finished 0..i-1, so the
-    peers it waits for are never blocked on it.
+    Each pass advances every pending one without blocking, then yields the core
+    (`os.sched_yield`) to the processes the peers run in. TimeoutError after
+    `timeout` seconds (None: ``MPIDP_TIMEOUT``, if set), with the requests still in
+    flight (see `Request.wait`).
     """
     pending = list(requests)
-    while pending:
+    timeout = default_timeout() if timeout is None else timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
         pending = [r for r in pending if not _test(r)]
-        if pending:
-            pending[0].Wait()
+        if not pending:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{len(pending)} request(s) not complete after {timeout} s: a peer has not "
+                "joined the collective, or ranks disagree on its arguments (count, dtype, "
+                "op, root, algorithm; MPIDP_DEBUG=1 checks them)")
+        os.sched_yield()
 
 
 def testall(requests: Iterable) -> bool:
-    """Advance every Handle (or mpi4py request) once; True if all are complete."""
+    """Advance every request (mpidp's or mpi4py's) once; True if all are complete."""
     return all([_test(r) for r in requests])
 
 
 def _test(request) -> bool:
-    # MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
-    return request.test() if isinstance(request, Handle) else bool(request.Test())
+    # mpi4py's MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
+    return request.test() if isinstance(request, Request) else bool(request.Test())

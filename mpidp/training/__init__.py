@@ -1,9 +1,9 @@
 """Data-parallel training: an MLP with a hand-written backward, DataParallel, data, SGD."""
 
 from .data import Dataset, ShardSampler, digits, synthetic
-from .ddp import DataParallel
+from .ddp import DataParallel, NaiveDataParallel
 from .mlp import MLP, softmax_cross_entropy
 from .optim import SGD
 
-__all__ = ["DataParallel", "Dataset", "MLP", "SGD", "ShardSampler", "digits",
-           "softmax_cross_entropy", "synthetic"]
+__all__ = ["DataParallel", "Dataset", "MLP", "NaiveDataParallel", "SGD", "ShardSampler",
+           "digits", "softmax_cross_entropy", "synthetic"]

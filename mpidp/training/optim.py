@@ -49,6 +49,13 @@ class SGD:
         """Arrays and numbers that `load_state_dict` restores exactly."""
         return {"steps": self.steps, **{f"velocity/{k}": v for k, v in self.velocity.items()}}
 
+    def state_spec(self, steps: int) -> dict:
+        """What `state_dict()` holds after `steps` steps, for checking a checkpoint:
+        the numbers, and each array's stand-in (the parameter of its shape and dtype)."""
+        velocity = self.momentum and steps  # created at the first step
+        return {"steps": steps, **{f"velocity/{k}": p for k, p in self.params.items()
+                                   if velocity}}
+
     def load_state_dict(self, state: dict, xp=None) -> None:
         self.steps = int(state["steps"])
         self.velocity = {}

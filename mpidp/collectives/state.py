@@ -1,0 +1,188 @@
+"""What mpidp keeps per communicator: the tag sequence, scratch, the cost model and its choices.
+
+MPI matches collectives by the order in which each rank calls them. mpidp's
+collectives are point-to-point messages, which match by (source, tag), so the
+order becomes a tag: the k-th collective started on a communicator takes the
+k-th number of that communicator's sequence, on every rank alike, and any number
+of them may be in flight together without their messages crossing. Every entry
+point (the functions, `mpidp.Comm`, the I-forms, `DataParallel`'s buckets, the
+cost model's calibration) takes its number here, and takes it first: a call that
+then raises has used it up on that rank as on the others.
+
+A tag packs the slot of that number and a signature of the call (`signature`):
+
+    tag = TAG_BASE + sig·SLOTS + k mod SLOTS        sig in 1 .. sigs/2 - 1 (0: no signature)
+
+Ranks that disagree on the count, dtype, op, root or algorithm compute different
+signatures, so their messages cannot match and no data is exchanged: the
+collective stalls (a deadline ends it) instead of returning garbage. A
+mismatch slips through only when two signatures collide, with odds 1/(sigs/2 - 1):
+1 in 32767 where the MPI library's tag bound allows it (MPICH, Open MPI), 1 in
+2 with the bound the MPI standard guarantees (32767). The upper half of the
+signatures is for persistent collectives, which keep their number and tag for
+life (``*_init``), so that a collective started later with the same slot never
+meets them. Tags below TAG_BASE are the user's own.
+
+The state lives where the communicator does: as an attribute of the MPI
+communicator (two wrappers of one communicator share it; a duplicate is a new
+communicator and starts its own, inheriting the cost model only when asked,
+`inherit`), or, for a comm-like object that wraps none, beside the object.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+import zlib
+
+from mpi4py import MPI
+
+from .buffers import ScratchPool
+
+TAG_BASE = 0x4D50  # 19792: mpidp's tags are TAG_BASE and up; below it, the user's
+SLOTS = 4096  # collectives in flight at once on one communicator
+MAX_SIGS = 1 << 16
+
+
+class CommState:
+    """One communicator's tag sequence, scratch pool, cost model and remembered choices."""
+
+    def __init__(self, tag_ub: int = 32767):
+        self.pool = ScratchPool()  # scratch of this communicator's collectives
+        self.model = None  # the calibrated cost.Model, set by cost.model / set_model
+        self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
+        self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
+        if self.sigs < 2:
+            raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
+        # signatures 1 .. half-1 for collectives started once, half .. sigs-1 for persistent
+        # ones, which keep their tag for life (none where the tag bound is the minimum)
+        self.half = self.sigs // 2 if self.sigs >= 4 else self.sigs
+        self.started = 0  # collectives started: the sequence
+        self._busy: set[int] = set()  # slots of collectives in flight on this rank
+        self._held: set[int] = set()  # slots of this rank's persistent collectives
+        self._lock = threading.Lock()  # a progress thread may start or end collectives too
+
+    def take(self) -> int:
+        """The next slot of the sequence, marked in flight until `release`.
+
+        Raises RuntimeError if the collective that had this slot SLOTS numbers ago
+        is still in flight here: its messages and the new one's would cross.
+        """
+        with self._lock:
+            slot = self.started % SLOTS
+            self.started += 1
+            if slot in self._busy:
+                raise RuntimeError(
+                    f"{SLOTS} collectives are in flight on this communicator: the tag of "
+                    f"collective {self.started - 1} is still used by collective "
+                    f"{self.started - 1 - SLOTS}; complete (wait on) earlier ones first")
+            self._busy.add(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        """The collective that took `slot` is complete (or never started)."""
+        self._busy.discard(slot)
+
+    def hold(self, slot: int) -> None:
+        """Keep `slot` for a persistent collective (its tags are in their own range)."""
+        with self._lock:
+            if self.half == self.sigs:
+                raise RuntimeError("the MPI tag bound leaves no room for persistent collectives")
+            if slot in self._held:
+                raise RuntimeError(f"a persistent collective created {SLOTS} collectives ago "
+                                   "still holds this tag; free (Free()) earlier ones first")
+            self._busy.discard(slot)
+            self._held.add(slot)
+
+    def unhold(self, slot: int) -> None:
+        self._held.discard(slot)
+
+    def tag(self, slot: int, sig: int = 0, persistent: bool = False) -> int:
+        """The tag for `slot`, with a call signature folded in (0: none)."""
+        if persistent:
+            index = self.half + sig % (self.sigs - self.half)
+        else:
+            index = 1 + sig % (self.half - 1) if sig else 0
+        return TAG_BASE + index * SLOTS + slot
+
+    def inherit(self, parent: CommState) -> None:
+        """Take over `parent`'s cost model (a duplicate of the same ranks: no new calibration)."""
+        self.model, self.choices = parent.model, dict(parent.choices)
+
+
+def signature(*args) -> int:
+    """A non-zero number that every rank computes alike from the same arguments.
+
+    `args` are hashable values with a stable ``repr`` (ints, tuples, dtypes, names,
+    `Op`s); the result is remembered, so a repeated call costs one dict lookup.
+    """
+    sig = _signatures.get(args)
+    if sig is None:
+        if len(_signatures) > 4096:  # ever new sizes: start again
+            _signatures.clear()
+        sig = _signatures[args] = zlib.crc32(repr(args).encode()) or 1
+    return sig
+
+
+_signatures: dict[tuple, int] = {}
+
+
+def check_user_tag(tag) -> int:
+    """An explicit tag must be the user's (below TAG_BASE): mpidp's sequence owns the rest."""
+    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < TAG_BASE:
+        raise ValueError(f"tag={tag!r}: an explicit tag must be an int in 0..{TAG_BASE - 1}; "
+                         f"tags from {TAG_BASE} up are mpidp's own sequence (leave tag unset)")
+    return tag
+
+
+# ------------------------------------------------------------ finding a comm's state
+
+_keyval = None
+_by_object: dict[int, tuple] = {}  # id(comm object) -> (weak reference, its state)
+_unwrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # states of comm-likes
+
+
+def state(comm) -> CommState:
+    """The state of `comm`'s underlying communicator (created on first use).
+
+    The answer is remembered per comm object (held by a weak reference, so an id
+    reused by a new object is never taken for the old one): an MPI attribute
+    lookup costs more than a small collective's own checks.
+    """
+    entry = _by_object.get(id(comm))
+    if entry is not None and entry[0]() is comm:
+        return entry[1]
+    found = _find(comm)
+    key = id(comm)
+    try:
+        _by_object[key] = (weakref.ref(comm, lambda _, key=key: _by_object.pop(key, None)), found)
+    except TypeError:  # an object without weak references: look it up every time
+        pass
+    return found
+
+
+def _find(comm) -> CommState:
+    base = comm
+    while not isinstance(base, MPI.Comm) and hasattr(base, "comm"):  # mpidp.Comm, CountingComm
+        base = base.comm
+    if not isinstance(base, MPI.Comm):  # a comm-like object that wraps none
+        found = _unwrapped.get(base)
+        if found is None:
+            found = _unwrapped[base] = CommState(_tag_ub(base))
+        return found
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval()  # not copied by Dup: a duplicate starts afresh
+    found = base.Get_attr(_keyval)
+    if found is None:
+        found = CommState(_tag_ub(base))
+        base.Set_attr(_keyval, found)
+    return found
+
+
+def _tag_ub(comm) -> int:
+    try:
+        ub = comm.Get_attr(MPI.TAG_UB)
+    except Exception:  # noqa: BLE001 - a comm-like object without attributes
+        ub = None
+    return 32767 if ub is None else int(ub)

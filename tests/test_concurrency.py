@@ -1,0 +1,277 @@
+"""Many collectives in flight on one communicator, and ranks that disagree: never a wrong answer.
+
+MPI matches collectives by the order of the calls; mpidp matches them by the tag
+sequence of the communicator (`mpidp.collectives.state`). These tests start up to
+16 collectives of every kind and algorithm at once, through the functions and
+through two `mpidp.Comm` wrappers of the same communicator, complete them in an
+order that differs per rank, and compare every result with the MPI library's.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracle import (
+    assert_same,
+    counts_for,
+    make_input,
+    native_allgather,
+    native_allreduce,
+    native_reduce_scatter,
+)
+
+import mpidp
+from mpidp.collectives import checks, state
+from mpidp.collectives.blocks import Blocks
+
+KINDS = [("allreduce", a) for a in mpidp.ALGORITHMS["allreduce"]] + \
+        [("reduce_scatter", a) for a in mpidp.ALGORITHMS["reduce_scatter"]] + \
+        [("allgather", a) for a in mpidp.ALGORITHMS["allgather"]] + \
+        [("bcast", a) for a in mpidp.ALGORITHMS["bcast"]]
+
+
+def start(comm, wrappers, i: int, kind: str, algorithm: str, count: int, dtype: str, op: str):
+    """Start collective i; return (request, result getter, expected result)."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    via = wrappers[i % 3]  # 0: the functions; 1, 2: two mpidp.Comm wrappers of `comm`
+    x = make_input(op, dtype, count, rank, seed=i)
+    if kind == "allreduce":
+        want = native_allreduce(comm, x, op)
+        y = np.full_like(x, 7)
+        if via is None:
+            req = mpidp.iallreduce(comm, x, y, op=op, algorithm=algorithm)
+        else:
+            req = via.Iallreduce(x, y, op=mpidp.OPS[op], algorithm=algorithm)
+        return req, (lambda: y), want
+    if kind == "reduce_scatter":
+        blocks = Blocks.even(count, n)
+        want = native_reduce_scatter(comm, x, blocks.counts, op)
+        y = np.full(blocks.counts[rank], 7, dtype=x.dtype)
+        if via is None:
+            req = mpidp.ireduce_scatter(comm, x, y, list(blocks.counts), op=op, algorithm=algorithm)
+        else:
+            req = via.Ireduce_scatter(x, y, list(blocks.counts), op=mpidp.OPS[op],
+                                      algorithm=algorithm)
+        return req, (lambda: y), want
+    if kind == "allgather":
+        blocks = Blocks.even(count, n)
+        mine = make_input("sum", dtype, blocks.counts[rank], rank, seed=i)
+        want = native_allgather(comm, mine, blocks.counts)
+        y = np.full(count, 7, dtype=mine.dtype)
+        if via is None:
+            req = mpidp.iallgather(comm, mine, y, list(blocks.counts), algorithm=algorithm)
+        else:
+            req = via.Iallgatherv(mine, [y, list(blocks.counts)], algorithm=algorithm)
+        return req, (lambda: y), want
+    root = i % n
+    want = make_input("sum", dtype, count, root, seed=i)
+    y = want.copy() if rank == root else np.full_like(want, 7)
+    req = (mpidp.ibcast(comm, y, root, algorithm=algorithm) if via is None
+           else via.Ibcast(y, root, algorithm=algorithm))
+    return req, (lambda: y), want
+
+
+def in_flight(comm, trials: int, seed: int) -> None:
+    n, rank = comm.Get_size(), comm.Get_rank()
+    wrappers = [None, mpidp.Comm(comm), mpidp.Comm(comm)]
+    plan = np.random.default_rng(seed)  # the same on every rank: the order of the calls
+    mine = np.random.default_rng([seed, rank])  # differs per rank: the order of completion
+    for trial in range(trials):
+        started = []
+        for i in range(int(plan.integers(2, 17))):
+            kind, algorithm = KINDS[plan.integers(len(KINDS))]
+            count = int(plan.choice(counts_for(n) + [1000]))
+            dtype = str(plan.choice(["int32", "float64", "uint8"]))
+            op = str(plan.choice(["sum", "max", "prod", "bor"] if dtype != "float64"
+                                 else ["sum", "max", "min", "avg"]))
+            started.append((i, kind, algorithm, count, dtype, op,
+                            *start(comm, wrappers, i, kind, algorithm, count, dtype, op)))
+        if trial % 2 == 0:  # test() in a random order of this rank's own
+            pending = list(started)
+            while pending:
+                pick = pending[int(mine.integers(len(pending)))]
+                if pick[6].test():
+                    pending.remove(pick)
+        else:  # wait() in reverse order
+            for entry in reversed(started):
+                entry[6].wait()
+        for i, kind, algorithm, count, dtype, op, _, result, want in started:
+            assert_same(result(), want, f"trial {trial}, #{i} {kind}/{algorithm} "
+                                        f"count={count} {dtype} {op}")
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=240)
+def test_many_collectives_in_flight_complete_in_any_order(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    in_flight(comm, trials=4, seed=comm.Get_size())
+    # the state is the communicator's: every wrapper and function took numbers from it
+    assert state.state(mpidp.Comm(comm)) is state.state(comm)
+    assert not state.state(comm)._busy  # every slot given back
+
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_a_call_that_raises_uses_its_number_up_on_every_rank(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()
+    st = state.state(comm)
+    before = st.started
+    x, y = np.arange(6.0), np.empty(6)
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):
+        mpidp.iallreduce(comm, x, y, algorithm="butterfly")  # raises on every rank
+    with pytest.raises(ValueError, match="unknown op"):
+        mpidp.Comm(comm).Iallreduce(x, y, op="mean")
+    assert st.started == before + 2 and not st._busy
+    in_flight(comm, trials=2, seed=11)  # the ranks still agree on the sequence
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_wrapping_around_the_tag_range_is_a_clear_error(mpi_ranks, monkeypatch):
+    monkeypatch.setattr(state, "SLOTS", 4)
+    comm = MPI.COMM_WORLD.Dup()
+    n = comm.Get_size()
+    xs = [np.arange(10 * n, dtype=np.float64) + k for k in range(5)]
+    ys = [np.empty_like(x) for x in xs]
+    reqs = [mpidp.iallreduce(comm, xs[k], ys[k], algorithm="ring") for k in range(4)]
+    with pytest.raises(RuntimeError, match="4 collectives are in flight"):
+        mpidp.iallreduce(comm, xs[4], ys[4], algorithm="ring")  # slot 0 is still busy
+    mpidp.waitall(reqs)
+    mpidp.allreduce(comm, xs[4], ys[4], algorithm="ring")  # free again
+    for x, y in zip(xs, ys, strict=True):
+        assert np.array_equal(y, n * x)  # the same x on every rank
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_an_explicit_tag_must_be_the_users(mpi_ranks):
+    comm = mpidp.CountingComm(MPI.COMM_WORLD)
+    x, y = np.ones(4), np.empty(4)
+    for bad in (mpidp.TAG_BASE, mpidp.TAG_BASE + 5, -1, 1.5):
+        with pytest.raises(ValueError, match="explicit tag"):
+            mpidp.allreduce(comm, x, y, tag=bad)
+    assert comm.messages_sent == 0 and comm.bytes_received == 0
+    started = state.state(comm).started
+    mpidp.allreduce(comm, x, y, tag=42, algorithm="ring")  # the user's own tag: no number
+    assert np.array_equal(y, np.full(4, 2.0)) and state.state(comm).started == started
+
+
+def test_the_sequence_is_thread_safe():
+    st = state.CommState(tag_ub=1 << 29)
+    taken = []
+
+    def worker():
+        for _ in range(500):
+            slot = st.take()
+            taken.append(slot)
+            st.release(slot)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert st.started == 4000 and not st._busy
+    assert sorted(taken) == sorted(k % state.SLOTS for k in range(4000))
+
+
+def test_tags_fold_the_signature_and_stay_in_range():
+    wide, narrow = state.CommState(tag_ub=(1 << 29) - 1), state.CommState(tag_ub=32767)
+    assert wide.sigs == 1 << 16 and narrow.sigs == 3  # the standard's bound: 1 bit of signature
+    for st in (wide, narrow):
+        tags = {st.tag(slot, sig) for slot in (0, 1, state.SLOTS - 1) for sig in (0, 1, 2, 77)}
+        assert min(tags) >= state.TAG_BASE and max(tags) <= st.sigs * state.SLOTS + state.TAG_BASE
+    assert wide.tag(3, 0) == state.TAG_BASE + 3  # no signature: the plain slot
+    assert wide.tag(3, 1) != wide.tag(3, 2)  # different calls, different tags
+    a = state.signature("allreduce", 10, np.dtype("f4"), mpidp.SUM, "ring")
+    assert a == state.signature("allreduce", 10, np.dtype("f4"), mpidp.SUM, "ring")
+    for other in [("allreduce", 10, np.dtype("i4"), mpidp.SUM, "ring"),
+                  ("allreduce", 11, np.dtype("f4"), mpidp.SUM, "ring"),
+                  ("allreduce", 10, np.dtype("f4"), mpidp.MAX, "ring"),
+                  ("allreduce", 10, np.dtype("f4"), mpidp.SUM, "rabenseifner")]:
+        assert state.signature(*other) != a, other
+
+
+# ---------------------------------------------------------------- ranks that disagree
+
+def mismatches(rank: int):
+    """(what, start) pairs: each rank's call differs from its neighbours' in one thing."""
+    odd = rank % 2
+    x8 = np.ones(8, "f4" if odd else "i4")  # equal byte sizes: MPI would add garbage
+    return [
+        ("dtype", lambda c: mpidp.iallreduce(c, x8, np.full_like(x8, 7), algorithm="ring")),
+        ("op", lambda c: mpidp.iallreduce(c, np.ones(8), np.full(8, 7.0),
+                                          op="max" if odd else "sum", algorithm="ring")),
+        ("count", lambda c: mpidp.iallreduce(c, np.ones(8 + odd), np.full(8 + odd, 7.0),
+                                             algorithm="ring")),
+        ("algorithm", lambda c: mpidp.iallreduce(
+            c, np.ones(8), np.full(8, 7.0), algorithm="ring" if odd else "recursive_doubling")),
+    ]
+
+
+@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
+def test_disagreeing_ranks_never_exchange_data(mpi_ranks, no_debug_check):
+    """Without the debug check: a rank never takes data from a rank whose call differs.
+
+    Each case runs on a communicator of its own, kept until the end, so that the
+    messages left over from one stalled case cannot meet the next one's.
+    """
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comms = []
+    for what, call in mismatches(rank):
+        comms.append(world.Dup())
+        req = call(comms[-1])
+        try:
+            req.wait(timeout=0.5)  # a deadline: the job's watchdog in a real run
+        except TimeoutError:
+            stalled = True
+        else:
+            stalled = False
+        flags = world.allgather(stalled)
+        assert all(flags), f"{what}: some rank completed with a mismatched peer: {flags}"
+        for r in req._reqs:  # take this rank's posted receives back
+            r.Cancel()
+            r.Wait()
+    # a root that differs: every rank that completes holds the buffer of the root it named
+    comms.append(world.Dup())
+    root = rank % 2
+    y = np.full(8, float(rank + 1)) if rank == root else np.full(8, -1.0)
+    req = mpidp.ibcast(comms[-1], y, root=root, algorithm="binomial")
+    try:
+        req.wait(timeout=0.5)
+    except TimeoutError:
+        assert np.array_equal(y, np.full(8, -1.0)), "a stalled rank was written to"
+    else:
+        assert np.array_equal(y, np.full(8, float(root + 1))), (rank, y)
+    for r in req._reqs:
+        r.Cancel()
+        r.Wait()
+    world.Barrier()
+    for comm in comms:
+        comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2, 5], timeout=120)
+def test_debug_check_names_every_ranks_value_whatever_the_length(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    assert checks.debug_enabled(), "the suite runs with MPIDP_DEBUG=1 (tests/conftest.py)"
+    long_counts = tuple(range(10_000, 10_000 + 100))  # a description far over 256 bytes
+    dtype = "float32" if rank == n - 1 else "float64"  # and the difference at its end
+    with pytest.raises(ValueError, match="ranks disagree") as info:
+        checks.agree(comm, "test", 1, counts=long_counts, dtype=dtype)
+    message = str(info.value)
+    assert comm.allgather(message) == [message] * n  # the same error on every rank
+    for r in range(n):
+        assert f"rank {r}: counts=" in message
+    assert message.count("dtype=float32") == 1 and message.count("dtype=float64") == n - 1
+    checks.agree(comm, "test", 2, counts=long_counts, dtype="float64")  # agreement: no error
+    # the environment's check applies whatever the call says (debug=False here)
+    x = np.ones(10 + (rank == n - 1))
+    with pytest.raises(ValueError, match="ranks disagree"):
+        mpidp.allreduce(comm, x, np.empty_like(x), debug=False)
+    with pytest.raises(ValueError, match="ranks disagree"):
+        mpidp.Comm(comm).Bcast(np.ones(4), root=rank % 2)
+    y = np.empty(10)
+    mpidp.allreduce(comm, np.ones(10), y)
+    assert np.array_equal(y, np.full(10, n))
