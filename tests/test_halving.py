@@ -1,4 +1,4 @@
-"""Recursive halving / doubling, Rabenseifner, the fold, the trees: checked against MPI itself.
+"""Recursive halving / doubling, Rabenseifner, the fold, the trees, direct: checked against MPI.
 
 Every multi-rank test runs for N = 1..8 (powers of two and not) and loops over
 ops × dtypes × counts inside one launch. Inputs are small integers, stored in
@@ -15,7 +15,7 @@ from mpidp.collectives import CountingComm, api, waitall
 from mpidp.collectives.halving import fold
 
 RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
-ALLREDUCE_ALGOS = ("rabenseifner", "recursive_doubling", "naive")
+ALLREDUCE_ALGOS = ("rabenseifner", "recursive_doubling", "naive", "direct")
 OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": None}
 DTYPES = (np.int32, np.int64, np.uint8, np.float32, np.float64, np.complex128)
 
@@ -187,7 +187,7 @@ def check_bcast_from_every_root(comm):
 def check_nonblocking_forms_run_concurrently(comm):
     """Every algorithm is a schedule, so I-forms come free; several can be in flight at once."""
     n, rank = comm.Get_size(), comm.Get_rank()
-    xs = [np.arange(count, dtype=np.float64) + rank for count in (3, 100, 1000, 5000)]
+    xs = [np.arange(count, dtype=np.float64) + rank for count in (3, 100, 1000, 5000, 7)]
     handles, outs = [], []
     for algo, x in zip(("ring", *ALLREDUCE_ALGOS), xs, strict=True):
         outs.append(np.empty_like(x))
@@ -219,18 +219,33 @@ def traffic(comm, start):
 
 
 def check_volume_and_rounds_match_the_docstrings(comm):
+    """Bytes sent per rank (G = the vector's bytes, b = one rank's block, q = 2^floor(log2 N)):
+
+    reduce-scatter:  main-loop ranks: G minus the (virtual) block they keep; the
+                     fold adds, for the odd rank of a pair, G/2 before and its
+                     partner's block after; the even rank sends G (two halves)
+                     in 3 rounds. Rounds: log2 q, or log2 q + 3 for an odd one.
+    all-gather:      G(q-1)/q (equal blocks, N = q); in all, the loop sends (q-1)·G
+                     over all ranks; the even rank of a pair sends its block, the
+                     odd one all G after the loop; rounds log2 q, log2 q + 2, and 2.
+    Rabenseifner:    2G(q-1)/q (q dividing the count); the odd rank of a pair also
+                     G/2 + G, the even one G; rounds 2 log2 q, 2 log2 q + 3, and 3.
+    rec. doubling:   G log2 q; the odd rank of a pair also G, the even one G;
+                     rounds log2 q, log2 q + 2, and 2.
+    direct:          G(N-1) sent and G(N-1) received, in one round.
+    """
     n, rank = comm.Get_size(), comm.Get_rank()
-    p, r = fold(n)
-    k = p.bit_length() - 1
+    q, r = fold(n)
+    k = q.bit_length() - 1
     folded, idle = rank < 2 * r, rank < 2 * r and rank % 2 == 0
-    items = 840 * 2  # divisible by 2, by every n <= 8 and every p
+    items = 840 * 2  # divisible by 2, by every n <= 8 and every q
     x = np.ones(items, np.float64)
     G, half = x.nbytes, (items // 2) * 8
 
-    # Rabenseifner: 2·G·(p-1)/p in 2·log2 p rounds; the fold per the docstring
+    # Rabenseifner: 2·G·(q-1)/q in 2·log2 q rounds; the fold per the docstring above
     sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
                                                           algorithm="rabenseifner"))
-    main = 2 * G * (p - 1) // p
+    main = 2 * G * (q - 1) // q
     if idle:
         assert (sent, rounds) == (G, 3)
     elif folded:
@@ -238,7 +253,7 @@ def check_volume_and_rounds_match_the_docstrings(comm):
     else:
         assert (sent, rounds) == (main, 2 * k)
 
-    # recursive doubling: G·log2 p in log2 p rounds
+    # recursive doubling: G·log2 q in log2 q rounds
     sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
                                                           algorithm="recursive_doubling"))
     if idle:
@@ -259,15 +274,22 @@ def check_volume_and_rounds_match_the_docstrings(comm):
     else:
         assert (sent, rounds) == (G - b, k)
 
-    # recursive doubling all-gather: per rank G·(p-1)/p for p = n; fold per the docstring
+    # recursive doubling all-gather: per rank G·(q-1)/q for q = n; fold per the docstring above
     sent, rounds = traffic(comm, lambda c: api.iallgather(
         c, np.ones(items // n), np.empty(items), algorithm="recursive_doubling"))
     total = np.zeros(1, np.int64)
     comm.Allreduce(np.array([sent], np.int64), total)
     if r == 0:
-        assert (sent, rounds) == (G * (p - 1) // p, k)
-    assert int(total[0]) == r * b + (p - 1) * G + r * G
+        assert (sent, rounds) == (G * (q - 1) // q, k)
+    assert int(total[0]) == r * b + (q - 1) * G + r * G
     assert rounds == (2 if idle else k + 2 if folded else k)
+
+    # direct: the whole vector to and from every other rank, in one round
+    counter = CountingComm(comm)
+    handle = api.iallreduce(counter, x, np.empty_like(x), algorithm="direct")
+    handle.wait()
+    assert counter.bytes_sent == counter.bytes_received == G * (n - 1)
+    assert handle.rounds == (1 if n > 1 else 0)
 
     # naive: a leaf sends G once in the reduce; rank 0 sends G to each of its L children
     L = (n - 1).bit_length()

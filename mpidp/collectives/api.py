@@ -22,6 +22,7 @@ from mpi4py import MPI
 from . import cost
 from .blocks import Blocks
 from .checks import check_buffer, check_pair
+from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
     rabenseifner_allreduce,
@@ -47,6 +48,7 @@ ALLREDUCE = {
     "rabenseifner": (rabenseifner_allreduce, rabenseifner_scratch),
     "recursive_doubling": (recursive_doubling_allreduce, lambda blocks: blocks.total),
     "naive": (naive_allreduce, lambda blocks: blocks.total),
+    "direct": (direct_allreduce, direct_scratch),
 }
 REDUCE_SCATTER = {
     "ring": (ring_reduce_scatter, lambda blocks: blocks.max),

@@ -13,6 +13,7 @@ L = ⌈log2 p⌉); each line is the docstring formula of the algorithm's module:
                     rabenseifner        2kα + 2n(q-1)/q·β + n(q-1)/q·γ + f·(3α + 2nβ + n/2·γ)
                     recursive_doubling  k(α + nβ + nγ) + f·(2α + 2nβ + nγ)
                     naive               L(2α + 2nβ + nγ)
+                    direct              (p-1)(α + nβ + nγ)
     reduce_scatter  ring                (p-1)α + n(p-1)/p·(β + γ)
                     recursive_halving   kα + n(q-1)/q·(β + γ) + f·(3α + nβ + n/2·γ + n/p·β)
     allgather       ring                (p-1)α + n(p-1)/p·β
@@ -96,6 +97,7 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> f
         ("allreduce", "recursive_doubling"): lambda: (k * (a + n * b + n * g)
                                                       + f * (2 * a + 2 * n * b + n * g)),
         ("allreduce", "naive"): lambda: L * (2 * a + 2 * n * b + n * g),
+        ("allreduce", "direct"): lambda: (p - 1) * (a + n * b + n * g),
         ("reduce_scatter", "ring"): lambda: (p - 1) * a + part * (b + g),
         ("reduce_scatter", "recursive_halving"): lambda: (
             k * a + qpart * (b + g) + f * (3 * a + n * b + n / 2 * g + n / p * b)),

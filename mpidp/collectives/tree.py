@@ -10,32 +10,52 @@ doubles each step. For N = 8, root 0:
         step 1:   0 --------> 2         4 --------> 6
         step 2:   0 -> 1      2 -> 3    4 -> 5      6 -> 7
 
-Table for N = 4 (root 0), "recv from / send to":
+A rank posts all its forwarding sends as one round, so in the step tables below
+the root's sends share a step; through one network port they still leave one
+after the other, which is why the cost counts ⌈log2 N⌉ message times. The
+tables are computed by running this code (`mpidp.sim`; tests/test_sim.py checks
+that they still are): "→2,1:0-3" sends blocks 0-3, the whole vector, to rank 2,
+then to rank 1. For N = 4, root 0:
 
-        rank | recv from | send to
-        -----+-----------+---------
-          0  |     -     |  2, 1
-          1  |     0     |   -
-          2  |     0     |   3
-          3  |     2     |   -
+        $ python -m mpidp.sim table binomial --collective bcast --ranks 4
+        step | rank 0   | rank 1 | rank 2 | rank 3
+        -----+----------+--------+--------+-------
+           0 | →2,1:0-3 | ←0:0-3 | ←0:0-3 |
+           1 |          |        | →3:0-3 | ←2:0-3
 
 Reduce is the same tree run backwards: a rank receives from v + 1, v + 2,
 v + 4, ... (its children, nearest first), adds each in, then sends the sum to
 its parent. Naive all-reduce = reduce to rank 0, then broadcast from it: every
-message carries the whole vector, and rank 0 reduces log N of them.
+message carries the whole vector, and rank 0 reduces log2 N of them.
+
+        $ python -m mpidp.sim table naive --ranks 4
+        step | rank 0   | rank 1 | rank 2 | rank 3
+        -----+----------+--------+--------+-------
+           0 | ←1:0-3   | →0:0-3 | ←3:0-3 | →2:0-3
+           1 | ←2:0-3   |        | →0:0-3 |
+           2 | →2,1:0-3 | ←0:0-3 | ←0:0-3 |
+           3 |          |        | →3:0-3 | ←2:0-3
 
 Scatter + all-gather (van de Geijn): the same tree, but a message carries only
 the blocks of the subtree below the receiver (half, then a quarter, ...), so
-rank v ends with block v; a ring all-gather then completes every copy. For N = 4:
+rank v ends with block v; a ring all-gather then completes every copy, each
+rank starting as soon as it has its block:
 
-        scatter:  0 -> 2: blocks 2-3    then  0 -> 1: block 1,  2 -> 3: block 3
-        ring all-gather: 3 steps, block v travels once around the ring
+        $ python -m mpidp.sim table scatter_allgather --collective bcast --ranks 4
+        step | rank 0      | rank 1    | rank 2    | rank 3
+        -----+-------------+-----------+-----------+----------
+           0 | →2:2-3 →1:1 | ←0:1      | ←0:2-3    |
+           1 | →1:0        | ←0:0      | →3:3      | ←2:3
+           2 | ←3:3        | →2:1      | →3:2 ←1:1 | →0:3 ←2:2
+           3 | →1:3 ←3:2   | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
+           4 | →1:2 ←3:1   | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
 
-Cost (n bytes, p ranks, L = ⌈log2 p⌉):
+Cost (G bytes, N ranks, L = ⌈log2 N⌉; α per message, β per byte, γ per
+reduced byte):
 
-    binomial broadcast:    L·α +  L·n·β
-    naive all-reduce:     2L·α + 2L·n·β + L·n·γ
-    scatter + all-gather: (L + p - 1)·α + 2n(p-1)/p·β
+    binomial broadcast:    L·α +  L·G·β
+    naive all-reduce:     2L·α + 2L·G·β + L·G·γ
+    scatter + all-gather: (L + N - 1)·α + 2G(N-1)/N·β
 
 The binomial tree is latency-optimal, so the choice for small messages; for large
 ones the root's link carries the message L times, which scatter + all-gather avoids.
@@ -55,20 +75,20 @@ from .schedule import Recv, Rounds, Send
 
 def binomial_bcast(comm, buf, root: int) -> Rounds:
     """Broadcast `buf` from `root` down a binomial tree."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    v = (rank - root) % n
+    rank, N = comm.Get_rank(), comm.Get_size()
+    v = (rank - root) % N
     mask = 1
-    while mask < n:  # find my parent: v with its lowest set bit cleared
+    while mask < N:  # find my parent: v with its lowest set bit cleared
         if v & mask:
-            parent = (rank - mask) % n
+            parent = (rank - mask) % N
             yield [Recv(buf, parent)]
             break
         mask <<= 1
     mask >>= 1
     sends = []
     while mask > 0:  # forward to my children, farthest first
-        if v + mask < n:
-            sends.append(Send(buf, (rank + mask) % n))
+        if v + mask < N:
+            sends.append(Send(buf, (rank + mask) % N))
         mask >>= 1
     if sends:
         yield sends
@@ -80,15 +100,15 @@ def binomial_reduce(comm, buf, op: Op, tmp, root: int) -> Rounds:
     Args:
         tmp: scratch of ``buf.size`` items, one child's vector.
     """
-    rank, n = comm.Get_rank(), comm.Get_size()
-    v = (rank - root) % n
+    rank, N = comm.Get_rank(), comm.Get_size()
+    v = (rank - root) % N
     mask = 1
-    while mask < n:
+    while mask < N:
         if v & mask:  # my subtree is complete: hand it to my parent
-            yield [Send(buf, (rank - mask) % n)]
+            yield [Send(buf, (rank - mask) % N)]
             return
-        if v + mask < n:  # add in the subtree of my child v + mask
-            yield [Recv(tmp, (rank + mask) % n)]
+        if v + mask < N:  # add in the subtree of my child v + mask
+            yield [Recv(tmp, (rank + mask) % N)]
             op(buf, tmp)
         mask <<= 1
 
@@ -109,24 +129,24 @@ def naive_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
 
 def scatter_allgather_bcast(comm, buf, root: int) -> Rounds:
     """Broadcast `buf` from `root`: binomial scatter of N blocks, then ring all-gather."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    v = (rank - root) % n
-    rel = Blocks.even(buf.size, n)  # block v is for relative rank v
+    rank, N = comm.Get_rank(), comm.Get_size()
+    v = (rank - root) % N
+    rel = Blocks.even(buf.size, N)  # block v is for relative rank v
     mask = 1
-    while mask < n:  # receive my subtree's blocks v .. v + mask - 1 from my parent
+    while mask < N:  # receive my subtree's blocks v .. v + mask - 1 from my parent
         if v & mask:
-            yield [Recv(buf[rel.span(v, min(v + mask, n))], (rank - mask) % n)]
+            yield [Recv(buf[rel.span(v, min(v + mask, N))], (rank - mask) % N)]
             break
         mask <<= 1
     mask >>= 1
     sends = []
     while mask > 0:  # give each child the blocks of its subtree
-        if v + mask < n:
-            sends.append(Send(buf[rel.span(v + mask, min(v + 2 * mask, n))], (rank + mask) % n))
+        if v + mask < N:
+            sends.append(Send(buf[rel.span(v + mask, min(v + 2 * mask, N))], (rank + mask) % N))
         mask >>= 1
     if sends:
         yield sends
     # the ring runs on real ranks: rank q owns relative block q - root
-    order = [(q - root) % n for q in range(n)]
+    order = [(q - root) % N for q in range(N)]
     blocks = Blocks([rel.counts[b] for b in order], [rel.displs[b] for b in order])
     yield from ring_allgather(comm, buf, blocks)

@@ -1,0 +1,104 @@
+"""The fold: how the power-of-two loops of halving.py run on any number of ranks N.
+
+q = 2^floor(log2 N) ranks run the main loop, r = N - q do not. Ranks 2i and
+2i+1 (i < r) pair up; the odd one takes part as virtual rank i and holds the
+pair's data, the even one idles during the main loop and gets its result
+afterwards. Ranks 2r.. are virtual ranks rank - r. For N = 6:
+
+        rank     0   1   2   3   4   5          q = 4, r = 2
+        virtual  -   0   -   1   2   3          ranks 0 and 2 idle
+        (reduce-scatter and all-gather: virtual block i < r = blocks 2i, 2i+1)
+
+The main loops address virtual ranks and ranges of virtual blocks, as they
+would for N = q; `on_real_ranks` sends each message to the real rank that
+plays its peer, and `VirtualBlocks` maps a range of virtual blocks to the real
+ones (a pair's two blocks are one virtual block).
+
+Cost (G bytes): in the reduction algorithms the pairs reduce a half each and
+the even rank hands its reduced half over, 2α + G·β + G/2·γ before the main
+loop (`fold_in`), and get the result back after it, α + G·β (α + G/N·β for
+reduce-scatter: one block). Recursive doubling folds in one round,
+α + G·β + G·γ, since it has a whole vector of scratch anyway; the all-gather
+hands the even rank's block over (α + G/N·β) and all G back (α + G·β).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .blocks import Blocks
+from .ops import Op
+from .schedule import Recv, Rounds, Send
+
+
+def fold(N: int) -> tuple[int, int]:
+    """(q, r): the largest power of two q <= N, and the r = N - q extra ranks."""
+    q = 1 << (N.bit_length() - 1)
+    return q, N - q
+
+
+def virtual(rank: int, r: int) -> int:
+    """The rank's number among the q ranks of the main loop (-1: it idles)."""
+    if rank < 2 * r:
+        return rank // 2 if rank % 2 else -1
+    return rank - r
+
+
+def real(vrank: int, r: int) -> int:
+    """The rank that plays virtual rank `vrank`."""
+    return 2 * vrank + 1 if vrank < r else vrank + r
+
+
+def on_real_ranks(rounds: Rounds, r: int) -> Rounds:
+    """The rounds of a loop among virtual ranks, each message addressed to the real rank
+    that plays its virtual peer."""
+    if r == 0:
+        return rounds
+    return ([type(m)(m.buf, real(m.peer, r)) for m in round_] for round_ in rounds)
+
+
+class VirtualBlocks(NamedTuple):
+    """The q blocks of the main loop over N blocks: virtual block v < r is the pair's
+    two blocks 2v, 2v+1, the others one block each (v + r)."""
+
+    blocks: Blocks
+    r: int
+
+    def edge(self, v: int) -> int:
+        """The first real block of virtual block v."""
+        return v + min(v, self.r)
+
+    def span(self, lo: int, hi: int) -> slice:
+        """Virtual blocks lo..hi-1 as a slice (packed blocks: they touch)."""
+        return self.blocks.span(self.edge(lo), self.edge(hi))
+
+    def runs(self, buf, lo: int, hi: int) -> list:
+        """Virtual blocks lo..hi-1 of `buf` as views, neighbours that touch in memory merged."""
+        views, start, end = [], None, None
+        for i in range(self.edge(lo), self.edge(hi)):
+            d = self.blocks.displs[i]
+            if d != end:
+                if start is not None:
+                    views.append(buf[start:end])
+                start = d
+            end = d + self.blocks.counts[i]
+        if start is not None:
+            views.append(buf[start:end])
+        return views
+
+
+def fold_in(buf, op: Op, tmp, rank: int, src) -> Rounds:
+    """Ranks 2i, 2i+1 each reduce half of the vector; the even one hands its half over.
+
+    `src` is the input (`buf` itself in place); the results go to `buf`.
+    """
+    half = buf.size // 2
+    lower, upper = buf[:half], buf[half:]
+    if rank % 2 == 0:
+        yield [Send(src[half:], rank + 1), Recv(tmp[:half], rank + 1)]
+        op(lower, tmp[:half], src[:half])
+        yield [Send(lower, rank + 1)]
+    else:
+        yield [Send(src[:half], rank - 1), Recv(tmp[: upper.size], rank - 1)]
+        op(upper, tmp[: upper.size], src[half:])
+        yield [Recv(lower, rank - 1)]  # the even rank's reduced half, taken as is

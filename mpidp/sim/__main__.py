@@ -1,0 +1,183 @@
+"""python -m mpidp.sim {table,draw,check,volume,predict}: see docs/simulator.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from mpidp.bench.output import parse_size
+
+from .collective import COLLECTIVES, names
+
+
+def rank_list(text: str) -> list[int]:
+    """'4', '2,4,8', '1-64' or '2,4,8-10' -> the rank counts."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            out += list(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a rank count or range: {part!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"rank counts must be >= 1: {text!r}")
+    return out
+
+
+def size_list(text: str) -> list[int]:
+    return [parse_size(part) for part in text.split(",")]
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mpidp.sim", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def collective(q, default="allreduce"):
+        q.add_argument("--collective", default=default, choices=COLLECTIVES)
+
+    t = sub.add_parser("table", help="the step table of an algorithm, computed by running it")
+    t.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
+    collective(t)
+    t.add_argument("--ranks", type=int, default=4)
+    t.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
+    t.add_argument("--root", type=int, default=0, help="bcast: the root")
+
+    d = sub.add_parser("draw", help="a picture of the exchange, one panel per step")
+    d.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
+    collective(d)
+    d.add_argument("--ranks", type=int, default=4)
+    d.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
+    d.add_argument("-o", "--output", required=True, help="the PNG to write")
+
+    c = sub.add_parser("check", help="check an algorithm for every N, count, op and dtype")
+    c.add_argument("function", help="MODULE:FUNCTION, or the name of one of mpidp's algorithms")
+    collective(c)
+    c.add_argument("--ranks", type=rank_list, default=rank_list("1-64"), help="e.g. 1-64")
+    c.add_argument("--scratch", help="MODULE:FUNCTION giving tmp's items from the blocks "
+                   "(default: a whole vector)")
+    c.add_argument("--quick", action="store_true", help="two count shapes per N, not six")
+
+    v = sub.add_parser("volume", help="bytes per rank sent and received, as multiples of G")
+    v.add_argument("--ranks", type=rank_list, default=rank_list("2,4,8,16,32,64,128,256"))
+    collective(v)
+
+    r = sub.add_parser("predict", help="each algorithm's time for N ranks, by simulation")
+    collective(r)
+    r.add_argument("--ranks", type=rank_list, default=rank_list("4,16,64,256,1024"))
+    r.add_argument("--bytes", type=size_list, help="vector sizes, e.g. 8,64KiB,16MiB "
+                   "(default: 8,64KiB,1MiB,16MiB; with --compare, the file's)")
+    r.add_argument("--calibration", help="`python -m mpidp.bench calibrate` output to read "
+                   "alpha, beta, gamma and fixed from (flags given too override it)")
+    for name, what in (("alpha", "s per message"), ("beta", "s per byte"),
+                       ("gamma", "s per reduced byte"), ("fixed", "s per call")):
+        r.add_argument(f"--{name}", type=float, help=f"{what} (within a node, with --ppn)")
+    r.add_argument("--ppn", type=int, default=0, help="ranks per node: two levels")
+    r.add_argument("--alpha-inter", type=float, help="s per message between nodes")
+    r.add_argument("--beta-inter", type=float, help="s per byte between nodes")
+    r.add_argument("--fit-inter", help="a saved `python -m mpidp.cluster bench` output (one "
+                   "rank per host) to fit alpha and beta between nodes to (gamma and the "
+                   "fixed cost: from the other flags)")
+    r.add_argument("--compare", help="a `mpidp.bench collectives --json` file: its measured "
+                   "times go beside the predictions, at its N and sizes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command in ("table", "draw"):
+        if ":" in args.algorithm:  # your own, MODULE:FUNCTION
+            from .check import load
+
+            args.algorithm = load(args.algorithm)
+        elif args.algorithm not in names(args.collective):
+            print(f"unknown {args.collective} algorithm {args.algorithm!r}; expected one of "
+                  f"{names(args.collective)} or MODULE:FUNCTION", file=sys.stderr)
+            return 2
+    if args.command == "table":
+        from .table import table
+
+        print(table(args.algorithm, args.collective, args.ranks, args.count, args.root))
+        print("→q:b sends block(s) b to rank q, ←q:b receives them from q, ↔q:b both; "
+              "a step is one round of an ideal machine")
+    elif args.command == "draw":
+        from .draw import draw
+
+        draw(args.algorithm, args.collective, args.ranks, args.output, args.count)
+        print(f"wrote {args.output}")
+    elif args.command == "check":
+        return run_check(args)
+    elif args.command == "volume":
+        from .volume import NOTE, format_volume, volume
+
+        t0 = time.perf_counter()
+        print(format_volume(volume(args.ranks, args.collective)))
+        print(f"({time.perf_counter() - t0:.1f} s)\n\n{NOTE}")
+    else:
+        return run_predict(args)
+    return 0
+
+
+def run_check(args) -> int:
+    from .check import check, load
+
+    if args.function in names(args.collective):
+        algorithm = args.function
+    else:
+        algorithm = load(args.function)
+    scratch = load(args.scratch) if args.scratch else None
+    report = check(algorithm, args.collective, args.ranks, scratch=scratch, quick=args.quick,
+                   label=args.function)
+    print(report.text)
+    return 0 if report.ok else 1
+
+
+def run_predict(args) -> int:
+    from .predict import (
+        Network,
+        fit_inter,
+        format_predict,
+        predict,
+        read_calibration,
+        read_measured,
+        switches,
+    )
+
+    net = read_calibration(args.calibration) if args.calibration else Network(15e-6, 0.5e-9,
+                                                                                1e-9)
+    given = {k: getattr(args, k) for k in ("alpha", "beta", "gamma", "fixed")
+             if getattr(args, k) is not None}
+    net = net._replace(**given)
+    if args.fit_inter and not args.ppn:
+        print("--fit-inter needs --ppn (ranks per node)", file=sys.stderr)
+        return 2
+    if args.ppn:
+        alpha, beta = (fit_inter(args.fit_inter, net.gamma, net.fixed) if args.fit_inter
+                       else (net.alpha, net.beta))
+        net = net._replace(ppn=args.ppn, alpha_inter=args.alpha_inter or alpha,
+                           beta_inter=args.beta_inter or beta)
+    measured, ranks, sizes = None, args.ranks, args.bytes or size_list("8,64KiB,1MiB,16MiB")
+    if args.compare:
+        measured = read_measured(args.compare, args.collective)
+        ranks = sorted({n for n, _, _ in measured})
+        sizes = args.bytes or sorted({b for _, b, _ in measured})
+    source = f" (from {args.calibration})" if args.calibration else ""
+    level = (f"{net.ppn} ranks per node, between nodes alpha = {net.alpha_inter * 1e6:.2f} µs, "
+             f"beta = {net.beta_inter * 1e9:.4f} ns/B" if net.ppn else "one level")
+    print(f"# mpidp.sim predict: {args.collective}, float32; alpha = {net.alpha * 1e6:.2f} µs, "
+          f"beta = {net.beta * 1e9:.4f} ns/B, gamma = {net.gamma * 1e9:.4f} ns/B, fixed = "
+          f"{net.fixed * 1e6:.2f} µs{source}; {level}")
+    print("# µs per call: simulated (the closed formula's in brackets)"
+          + (" / measured" if measured else "") + "; best: the least simulated; auto: what "
+          "`auto` picks from the formulas\n")
+    t0 = time.perf_counter()
+    print(format_predict(predict(args.collective, ranks, sizes, net), measured))
+    print()
+    for N in ranks:
+        print(switches(args.collective, N, net, max(max(sizes), 1 << 30)))
+    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The article's numbers at any scale: bytes each rank sends and receives, measured by simulation.
+
+    python -m mpidp.sim volume --ranks 2,4,8,16,32,64,128,256,512,1024
+
+prints, for every all-reduce algorithm, the bytes one rank sends and receives
+as multiples of G (the vector's bytes), counted by the simulator while the
+unchanged code runs: the ring's 2(N-1)/N tends to 2, direct's N-1 grows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mpidp.collectives.blocks import Blocks
+
+from .collective import names, resolve, simulate
+
+NOTE = """\
+The article's D = D_send + D_recv = 2·G·(N-1)/N adds what one rank moves in the
+reduce-scatter, G(N-1)/N, and in the all-gather, G(N-1)/N: that is the ring's
+"sent" column, and the rank receives as much again ("recv"). The article's first
+estimate, 2·G·(N-1), is direct's sent plus received: G(N-1) each way. So per rank
+and per direction the ring moves 2(N-1)/N·G, below 2G at any N, and direct
+(N-1)·G, N/2 times more. Rabenseifner moves what the ring moves in 2·log2 N
+rounds instead of 2(N-1); recursive doubling and naive send G·log2 N (naive: the
+root; * marks an algorithm whose ranks differ, the column shows the most)."""
+
+
+def count_for(collective: str, algorithm, N: int) -> int:
+    """A count that splits into whole blocks for N and for the power of two below it.
+
+    An algorithm whose scratch grows with N (direct: a vector per rank) sends whole
+    vectors, and its bytes are a multiple of G at any count: it gets 2 items.
+    """
+    q = 1 << (N.bit_length() - 1)
+    count = 2 * N * q // math.gcd(N, q)
+    _, scratch, _ = resolve(collective, algorithm)
+    if scratch is not None and scratch(Blocks.even(count, N)) > 2 * count:
+        return 2
+    return count
+
+
+def measure(collective: str, algorithm, N: int) -> dict:
+    """Bytes sent and received per rank (most and least over the ranks), as multiples of G."""
+    count = count_for(collective, algorithm, N)
+    out = simulate(collective, algorithm, N, count, dtype="uint8")
+    s, G = out.sim, float(count)
+    return {"N": N, "algorithm": out.name, "steps": s.steps,
+            "sent": max(s.bytes_sent) / G, "sent_min": min(s.bytes_sent) / G,
+            "recv": max(s.bytes_received) / G, "recv_min": min(s.bytes_received) / G}
+
+
+def volume(ranks, collective: str = "allreduce", algorithms=None) -> list[dict]:
+    """`measure` for every algorithm (mpidp's, by default) and every N in `ranks`."""
+    return [measure(collective, a, N) for N in ranks for a in algorithms or names(collective)]
+
+
+def format_volume(rows: list[dict]) -> str:
+    """One line per N: sent / recv per rank for each algorithm, in multiples of G."""
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    differs = {r["algorithm"] for r in rows if r["sent_min"] != r["sent"]
+               or r["recv_min"] != r["recv"]}
+    heads = [a + ("*" if a in differs else "") for a in algorithms]
+    width = [max(len(h), 15) for h in heads]
+    lines = ["bytes per rank, sent / received, as multiples of G (simulated)",
+             "     N | " + " | ".join(h.ljust(w) for h, w in zip(heads, width, strict=True))]
+    lines.append("-" * 7 + "+" + "+".join("-" * (w + 2) for w in width))
+    by = {(r["N"], r["algorithm"]): r for r in rows}
+    for N in dict.fromkeys(r["N"] for r in rows):
+        cells = [f"{by[N, a]['sent']:.3f} / {by[N, a]['recv']:.3f}" if (N, a) in by else ""
+                 for a in algorithms]
+        lines.append(f"{N:>6} | " + " | ".join(c.ljust(w) for c, w in
+                                                 zip(cells, width, strict=True)))
+    return "\n".join(line.rstrip() for line in lines)
