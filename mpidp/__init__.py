@@ -18,8 +18,9 @@ from .training import (  # noqa: E402
     Adam,
     AdamW,
     DataParallel,
+    ShardedDataParallel,
     softmax_cross_entropy,
 )
 
-__all__ += ["Adam", "AdamW", "DataParallel", "MLP", "SGD",
+__all__ += ["Adam", "AdamW", "DataParallel", "MLP", "SGD", "ShardedDataParallel",
             "softmax_cross_entropy"]

@@ -4,7 +4,8 @@ from .data import Dataset, ShardSampler, digits, synthetic
 from .ddp import DataParallel, NaiveDataParallel
 from .mlp import MLP, softmax_cross_entropy
 from .optim import SGD, Adam, AdamW
+from .zero import ShardedDataParallel
 
 __all__ = ["Adam", "AdamW", "DataParallel", "Dataset", "MLP", "NaiveDataParallel", "SGD",
-           "ShardSampler", "digits", "softmax_cross_entropy",
+           "ShardSampler", "ShardedDataParallel", "digits", "softmax_cross_entropy",
            "synthetic"]
