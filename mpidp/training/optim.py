@@ -154,18 +154,25 @@ class Adam(Optimizer):
                 p *= 1 - self.lr * self.weight_decay
             elif self.weight_decay:
                 g = g + self.weight_decay * p
+            xp = array_module(p)
             if name not in exp_avg:
-                xp = array_module(p)
                 exp_avg[name], exp_avg_sq[name] = xp.zeros_like(p), xp.zeros_like(p)
             m, v = exp_avg[name], exp_avg_sq[name]
+            # one temporary the size of p, reused: a sharded optimizer steps a whole
+            # shard at once, and its temporaries count in the step's peak memory
+            tmp = xp.multiply(g, 1 - beta1)
             m *= beta1
-            m += (1 - beta1) * g
+            m += tmp  # m = beta1 m + (1 - beta1) g
+            xp.multiply(g, g, out=tmp)
+            tmp *= 1 - beta2
             v *= beta2
-            v += (1 - beta2) * g * g
-            denom = array_module(v).sqrt(v)
+            v += tmp  # v = beta2 v + (1 - beta2) g²
+            denom = xp.sqrt(v, out=tmp)
             denom /= bias2_sqrt
             denom += self.eps
-            p -= step_size * m / denom
+            xp.divide(m, denom, out=denom)
+            denom *= step_size
+            p -= denom  # p = p - lr/(1 - beta1^t) · m / (sqrt(v)/sqrt(1 - beta2^t) + eps)
 
 
 class AdamW(Adam):
