@@ -21,6 +21,7 @@ from mpidp.training import (
     DataParallel,
     ShardedDataParallel,
     ShardSampler,
+    checkpoint,
     softmax_cross_entropy,
 )
 from mpidp.training.memory import StepPeak, formula_bytes, model_state_bytes
@@ -39,18 +40,19 @@ def global_batch(n: int) -> int:
     return 6 * n  # local batch 6: 2 or 3 micro-batches divide it
 
 
-def dataset(n: int):
+def dataset(gb: int):
+    """Two global batches' worth of samples: two steps per epoch."""
     rng = np.random.default_rng(42)
-    count = 2 * global_batch(n)
-    return rng.standard_normal((count, SIZES[0])), rng.integers(0, SIZES[-1], count)
+    return rng.standard_normal((2 * gb, SIZES[0])), rng.integers(0, SIZES[-1], 2 * gb)
 
 
-def reference(kind: str, n: int) -> dict:
+def reference(kind: str, n: int, gb: int | None = None) -> dict:
     """One process, one batch of the whole global batch per step: what every stage must give."""
-    x, y = dataset(n)
+    gb = gb or global_batch(n)
+    x, y = dataset(gb)
     model = MLP(SIZES, dtype="float64", seed=0)
     opt = OPTIMIZERS[kind](model)
-    sampler = ShardSampler(len(y), global_batch(n), seed=7)
+    sampler = ShardSampler(len(y), gb, seed=7)
     for epoch in range(EPOCHS):
         for idx in sampler.global_batches(epoch):
             model.backward(softmax_cross_entropy(model.forward(x[idx]), y[idx])[1])
@@ -61,7 +63,7 @@ def reference(kind: str, n: int) -> dict:
 def train(comm, kind: str, zero: int, accum: int = 1, **ddp_kw) -> dict:
     """Every rank starts from other weights (the broadcast fixes that); replicas checked."""
     rank, n = comm.Get_rank(), comm.Get_size()
-    x, y = dataset(n)
+    x, y = dataset(global_batch(n))
     model = MLP(SIZES, dtype="float64", seed=rank)
     sampler = ShardSampler(len(y), global_batch(n), rank, n, seed=7, accum_steps=accum)
     with DataParallel(model, comm, zero=zero, optimizer=OPTIMIZERS[kind](model),
@@ -228,3 +230,83 @@ def test_constructor_checks_and_dispatch():
     with pytest.raises(ValueError, match="reduce-scatter"):
         m = MLP([3, 2])
         DataParallel(m, comm, zero=1, algorithm="naive", optimizer=SGD(m.params, m.grads))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def run_from(comm, zero: int, path: str, save_at: int = 0, resume: bool = False,
+             gb: int = 24) -> dict:
+    """Adam over the 4 steps (global batch `gb`, any N dividing it) on `comm`: stop and save
+    after step `save_at`, or start from the checkpoint at `path`."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    x, y = dataset(gb)
+    model = MLP(SIZES, dtype="float64", seed=rank)
+    opt = OPTIMIZERS["adam"](model)
+    start = checkpoint.load(path, model, opt)["step"] if resume else 0  # every rank reads it
+    sampler = ShardSampler(len(y), gb, rank, n, seed=7)
+    with DataParallel(model, comm, bucket_mb=0, zero=zero, optimizer=opt) as ddp:
+        step = 0
+        for epoch in range(EPOCHS):
+            for (idx,) in sampler.epoch(epoch):
+                step += 1
+                if step <= start:
+                    continue
+                ddp.backward(softmax_cross_entropy(ddp.forward(x[idx]), y[idx])[1])
+                ddp.step()
+                if step == save_at:
+                    whole = ddp.full_optimizer() if zero else ddp.optimizer  # collective
+                    if rank == 0:
+                        checkpoint.save(path, model, whole, {"step": step})
+                    return model.params
+    return model.params
+
+
+@pytest.mark.mpi(ranks=[4], timeout=180)
+def test_a_checkpoint_of_stage_k_on_n_ranks_resumes_stage_j_on_m_ranks(mpi_ranks, shared_dir):
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    three = world.Split(0 if rank < 3 else MPI.UNDEFINED, rank)
+    one = MPI.COMM_SELF if rank == 0 else MPI.COMM_NULL
+    expected = reference("adam", 0, gb=24)
+    path = f"{shared_dir}/ck.npz"
+    comms = {1: one, 3: three, 4: world}  # ranks outside one hold MPI.COMM_NULL
+    for (n, k), (m, j) in [((3, 2), (4, 1)), ((4, 1), (3, 2)), ((4, 2), (1, 0)),
+                           ((1, 0), (4, 2))]:  # (ranks, stage) saved -> (ranks, stage) loaded
+        if comms[n] != MPI.COMM_NULL:
+            run_from(comms[n], k, path, save_at=2)
+        world.Barrier()  # the file is written
+        if comms[m] != MPI.COMM_NULL:
+            assert_close(run_from(comms[m], j, path, resume=True), expected,
+                         f"stage {k} on {n} ranks -> stage {j} on {m} ranks")
+        world.Barrier()  # read before the next case overwrites it
+    # the same run resumed: bitwise the uninterrupted one
+    straight = {k: v.copy() for k, v in run_from(world, 2, path).items()}
+    run_from(world, 2, path, save_at=3)
+    world.Barrier()
+    resumed = run_from(world, 2, path, resume=True)
+    assert all(np.array_equal(resumed[k], straight[k]) for k in straight)
+    if three != MPI.COMM_NULL:
+        three.Free()
+
+
+def test_format_1_checkpoints_load_and_another_optimizers_state_is_refused(tmp_path):
+    model = MLP([6, 5, 3], dtype="float64", seed=1)
+    opt = SGD(model.params, model.grads, lr=0.1, momentum=0.9)
+    x, y = np.random.default_rng(0).standard_normal((4, 6)), np.arange(4) % 3
+    for _ in range(2):
+        model.backward(softmax_cross_entropy(model.forward(x), y)[1])
+        opt.step()
+    path, old = str(tmp_path / "ck.npz"), str(tmp_path / "old.npz")
+    checkpoint.save(path, model, opt, {"epoch": 1, "step": 0})
+    data = checkpoint.read(path)
+    assert int(data["format"]) == 2 and str(data["optimizer"]) == "sgd"
+    del data["optimizer"]  # what format 1 wrote: SGD's state, no optimizer name
+    np.savez(old, **{**data, "format": np.array(1)})
+    fresh = MLP([6, 5, 3], dtype="float64", seed=9)
+    fresh_opt = SGD(fresh.params, fresh.grads, lr=0.1, momentum=0.9)
+    assert checkpoint.load(old, fresh, fresh_opt) == {"epoch": 1, "step": 0}
+    assert all(np.array_equal(fresh.params[k], model.params[k]) for k in model.params)
+    assert all(np.array_equal(fresh_opt.velocity[k], opt.velocity[k]) for k in model.params)
+    for wrong in (Adam(fresh.params, fresh.grads), AdamW(fresh.params, fresh.grads)):
+        with pytest.raises(checkpoint.CheckpointError, match=f"optimizer sgd vs {wrong.name}"):
+            checkpoint.load(path, fresh, wrong)

@@ -3,9 +3,15 @@
 Contents (every entry a plain array, so loading never unpickles):
 
     format, sizes, activation, dtype      what model this is
+    optimizer                             sgd, adam or adamw (format 2; format 1: sgd)
     param/W1, param/b1, ...               the parameters, by their stable names
-    optim/steps, optim/velocity/W1, ...   the optimizer state
+    optim/steps, optim/velocity/W1, ...   the optimizer state (Adam: optim/exp_avg/W1,
+                                          optim/exp_avg_sq/W1, ...), whole, by name
     state/epoch, state/step, ...          where training stands, the data-order seed
+
+The layout does not depend on the rank count or the ZeRO stage: a sharded run
+saves ``ddp.full_optimizer()``, every rank's shard gathered, so a checkpoint of
+any run loads into any other (`zero.py` takes each rank's shard on load).
 
 Rank 0 writes to a temporary file beside the target, fsyncs it, and renames it
 over the target: a crash leaves the old checkpoint or the new one, never half of
@@ -23,7 +29,8 @@ import numpy as np
 
 from ..collectives.buffers import as_host
 
-FORMAT = 1
+FORMAT = 2  # 2: the optimizer's name; format 1 files (SGD) still load
+READABLE = (1, 2)
 
 
 class CheckpointError(Exception):
@@ -33,7 +40,8 @@ class CheckpointError(Exception):
 def save(path: str, model, optimizer, state: dict) -> None:
     """Write `path` atomically. `state`: integers such as epoch, step, seed, global_batch."""
     arrays = {"format": np.array(FORMAT), "sizes": np.array(model.sizes, dtype=np.int64),
-              "activation": np.array(model.activation), "dtype": np.array(str(model.dtype))}
+              "activation": np.array(model.activation), "dtype": np.array(str(model.dtype)),
+              "optimizer": np.array(optimizer.name)}
     arrays.update({f"param/{k}": as_host(p) for k, p in model.params.items()})
     arrays.update({f"optim/{k}": as_host(v) if hasattr(v, "dtype") else np.array(v)
                    for k, v in optimizer.state_dict().items()})
@@ -66,8 +74,8 @@ def read(path: str) -> dict:
     except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as e:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint "
                               f"({type(e).__name__}: {e})") from e
-    if "format" not in data or int(data["format"]) != FORMAT:
-        raise CheckpointError(f"{path}: not an mpidp checkpoint of format {FORMAT}")
+    if "format" not in data or int(data["format"]) not in READABLE:
+        raise CheckpointError(f"{path}: not an mpidp checkpoint of format {READABLE}")
     return data
 
 
@@ -81,6 +89,9 @@ def load(path: str, model, optimizer) -> dict:
         mismatch.append(f"activation {data['activation']} vs {model.activation}")
     if str(data["dtype"]) != str(model.dtype):
         mismatch.append(f"dtype {data['dtype']} vs {model.dtype}")
+    saved_optimizer = str(data.get("optimizer", "sgd"))  # format 1 held SGD's state only
+    if saved_optimizer != optimizer.name:
+        mismatch.append(f"optimizer {saved_optimizer} vs {optimizer.name}")
     for name, p in model.params.items():
         saved = data.get(f"param/{name}")
         if saved is None or saved.shape != p.shape:
