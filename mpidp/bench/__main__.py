@@ -7,6 +7,7 @@ SUBCOMMANDS = {
     "collectives": "mpidp.bench.collectives",  # nccl-tests style sweep against native MPI
     "overlap": "mpidp.bench.overlap",  # trainer: compute only / serial / overlapped steps
     "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
+    "zero": "mpidp.bench.zero",  # memory per rank under ZeRO stages 0, 1, 2; prefetch timing
 }
 
 
