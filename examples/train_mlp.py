@@ -4,6 +4,7 @@
     mpiexec -n 4 python examples/train_mlp.py --hidden 256,128 --no-overlap --trace run.json
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
+    mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
@@ -25,16 +26,26 @@ import mpidp
 from mpidp import watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
+from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
+from mpidp.training.optim import OPTIMIZERS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--global-batch", type=int, default=64, help="samples per step, all ranks")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS))
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: {DEFAULT_LR})")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's")
+    p.add_argument("--beta1", type=float, default=0.9, help="Adam's and AdamW's")
+    p.add_argument("--beta2", type=float, default=0.999, help="Adam's and AdamW's")
+    p.add_argument("--eps", type=float, default=1e-8, help="Adam's and AdamW's")
+    p.add_argument("--weight-decay", type=float, default=1e-4,
+                   help="L2 (SGD, Adam) or decoupled (AdamW)")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
+                   help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too")
     p.add_argument("--hidden", default="128,64", help="hidden widths, e.g. 128,64")
     p.add_argument("--activation", default="relu", choices=["relu", "tanh"])
     p.add_argument("--seed", type=int, default=0)
@@ -63,7 +74,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint FILE")
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
     return args
+
+
+DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
+
+
+def make_optimizer(args, model):
+    """The optimizer the flags ask for, on the model's dicts (DataParallel shards it)."""
+    if args.optimizer == "sgd":
+        return SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    return OPTIMIZERS[args.optimizer](model.params, model.grads, args.lr,
+                                      (args.beta1, args.beta2), args.eps, args.weight_decay)
 
 
 class Progress:
@@ -119,7 +143,7 @@ def train(args: argparse.Namespace) -> int:
                            args.accum_steps)
     sizes = [ds.features, *[int(h) for h in args.hidden.split(",") if h], ds.classes]
     model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
-    opt = SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    opt = make_optimizer(args, model)
     run_state = {"seed": args.seed, "global_batch": args.global_batch,
                  "accum_steps": args.accum_steps}
     start_epoch, start_step = 0, 0
@@ -132,9 +156,12 @@ def train(args: argparse.Namespace) -> int:
         start_epoch, start_step = saved["epoch"], saved["step"]
     tracer = Tracer(rank) if args.trace else None
     ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
-                       args.algorithm, args.progress_thread, args.debug, tracer)
+                       args.algorithm, args.progress_thread, args.debug, tracer,
+                       zero=args.zero, optimizer=opt)
+    opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
     if rank == 0:
         print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
+              f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
               f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
@@ -148,9 +175,12 @@ def train(args: argparse.Namespace) -> int:
         tracer.reset_clock()
 
     def save(epoch: int, step: int) -> None:
-        if args.checkpoint and rank == 0:
-            checkpoint.save(args.checkpoint, model, opt, {**run_state, "epoch": epoch,
-                                                          "step": step})
+        if not args.checkpoint:
+            return
+        whole = ddp.full_optimizer() if args.zero else opt  # gathered: collective
+        if rank == 0:
+            checkpoint.save(args.checkpoint, model, whole, {**run_state, "epoch": epoch,
+                                                            "step": step})
 
     # MPIDP_TIMEOUT=S: a step that makes no progress for S seconds (a peer dead, a link
     # down) ends the job with a message naming the rank, instead of hanging it
@@ -164,7 +194,11 @@ def train(args: argparse.Namespace) -> int:
             bar = Progress(args.progress if rank == 0 else "never", sampler.steps_per_epoch,
                            f"epoch {epoch + 1}")
             t_epoch = time.perf_counter()
+            peak = None  # bytes at the epoch's last step: model states + what it allocates
             for step in range(first, sampler.steps_per_epoch):
+                last = step == sampler.steps_per_epoch - 1 and args.device == "cpu"
+                held = model_state_bytes(ddp)["total"] if last else 0
+                measured = StepPeak().start() if last else None  # tracemalloc: host arrays
                 for a in range(A):
                     idx = xp.asarray(batches[step, a])
                     x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
@@ -179,10 +213,12 @@ def train(args: argparse.Namespace) -> int:
                     stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
                                   t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
                 t2 = time.perf_counter()
-                opt.step()
+                ddp.step()
+                if measured is not None:
+                    peak = held + measured.stop()
                 dog.kick()
                 if tracer is not None:
-                    tracer.add("sgd", t2, time.perf_counter(), "optimizer")
+                    tracer.add(args.optimizer, t2, time.perf_counter(), "optimizer")
                 stats[6] += 1
                 if args.debug:
                     ddp.check_replicas()
@@ -208,7 +244,10 @@ def train(args: argparse.Namespace) -> int:
                    "train_acc": train_ok / max(seen, 1), "test_acc": test_ok / max(test_n, 1),
                    "samples_per_s": seen / elapsed, "forward_ms": fwd * per_step,
                    "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
-                   "epoch_s": elapsed, "ranks": size}
+                   "epoch_s": elapsed, "ranks": size, "zero": args.zero,
+                   "memory_bytes": model_state_bytes(ddp)["total"]}
+            if peak is not None:  # absent on a GPU: tracemalloc does not see CuPy's memory
+                row["peak_memory_bytes"] = peak
             if rank == 0:
                 print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  "
                       f"train {row['train_acc']:.4f}  test {row['test_acc']:.4f}  "

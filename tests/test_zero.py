@@ -5,6 +5,7 @@ plain loop over the global batches, as tests/test_ddp.py does.
 """
 
 import itertools
+import json
 import weakref
 from contextlib import nullcontext
 
@@ -310,3 +311,67 @@ def test_format_1_checkpoints_load_and_another_optimizers_state_is_refused(tmp_p
     for wrong in (Adam(fresh.params, fresh.grads), AdamW(fresh.params, fresh.grads)):
         with pytest.raises(checkpoint.CheckpointError, match=f"optimizer sgd vs {wrong.name}"):
             checkpoint.load(path, fresh, wrong)
+
+
+# ---------------------------------------------------------------- the trainer
+
+def trainer_main():
+    """examples/train_mlp.py's main (the examples folder is not a package)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_mlp.py")
+    spec = importlib.util.spec_from_file_location("train_mlp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.mpi(ranks=[3], timeout=180)
+def test_the_trainer_shards_resumes_across_stages_and_reports_memory(mpi_ranks, shared_dir):
+    comm = MPI.COMM_WORLD
+    main = trainer_main()
+    common = ["--epochs", "2", "--global-batch", "240", "--hidden", "32", "--dtype", "float64",
+              "--bucket-mb", "0", "--algorithm", "ring", "--optimizer", "adam",
+              "--progress", "never"]
+    whole, part = f"{shared_dir}/whole.npz", f"{shared_dir}/part.npz"
+    metrics = f"{shared_dir}/metrics.jsonl"
+    main(common + ["--zero", "2", "--checkpoint", whole, "--metrics", metrics])
+    main(common + ["--zero", "2", "--checkpoint", part, "--max-steps", "3"])  # mid-epoch 1
+    comm.Barrier()
+    # stage 1 resumes stage 2's checkpoint: the same reductions, so the same bits
+    main(common + ["--zero", "1", "--checkpoint", part, "--resume"])
+    comm.Barrier()
+    a, b = checkpoint.read(whole), checkpoint.read(part)
+    assert a.keys() == b.keys() and str(a["optimizer"]) == "adam"
+    assert {"optim/exp_avg/W1", "optim/exp_avg_sq/b2"} <= a.keys()  # whole, by name
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+    if comm.Get_rank() == 0:
+        rows = [json.loads(line) for line in open(metrics)]
+        P = 64 * 32 + 32 + 32 * 10 + 10
+        for r in rows:
+            assert r["zero"] == 2
+            assert r["memory_bytes"] == formula_bytes(2, P, 8, 2, 3, 0)  # rank 0's
+            assert r["peak_memory_bytes"] > r["memory_bytes"]
+
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_the_memory_bench_measures_the_formulas_and_writes_the_table(mpi_ranks, shared_dir):
+    from mpidp.bench import zero as bench
+
+    comm = MPI.COMM_WORLD
+    assert bench.main(["--steps", "2", "--json", f"{shared_dir}/zero-n3.json"]) == 0
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        rows = json.load(open(f"{shared_dir}/zero-n3.json"))["rows"]
+        assert len(rows) == 6 and all(r["states"] == r["formula"] for r in rows)
+        doc = f"{shared_dir}/doc.md"
+        with open(doc, "w") as f:
+            f.write("before\n" + "\n".join(bench.MARK) + "\nafter\n")
+        bench.main(["--report", shared_dir, "--doc", doc])
+        text = open(doc).read()
+        assert text.startswith("before\n<!-- zero-table -->\n") and text.endswith("after\n")
+        assert "| 3 | Adam | 2 | 275616 | 183744 | 137808 | 66.67% | 50.00% |" in text
+        rows[0]["states"] += 1  # a figure off its formula is marked, not hidden
+        assert "✗" in "\n".join(bench.tables([{"rows": rows}]))

@@ -63,19 +63,30 @@ def formula_bytes(zero: int, params: int, itemsize: int, copies: int, n: int,
 
 
 class StepPeak:
-    """``with StepPeak() as peak: ...`` then ``peak.bytes``: the most bytes allocated
-    inside the block on top of what was allocated when it began (tracemalloc)."""
+    """The most bytes allocated on top of what was allocated when it started (tracemalloc).
 
-    def __enter__(self) -> StepPeak:
+    ``with StepPeak() as peak: ...`` then ``peak.bytes``; or ``peak = StepPeak().start()``
+    ... ``peak.stop()``, which returns the bytes.
+    """
+
+    bytes = 0
+
+    def start(self) -> StepPeak:
         self._started = not tracemalloc.is_tracing()
         if self._started:
             tracemalloc.start()
         tracemalloc.reset_peak()
         self._base = tracemalloc.get_traced_memory()[0]
-        self.bytes = 0
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> int:
         self.bytes = tracemalloc.get_traced_memory()[1] - self._base
         if self._started:
             tracemalloc.stop()
+        return self.bytes
+
+    def __enter__(self) -> StepPeak:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
