@@ -122,6 +122,30 @@ def test_every_reduce_scatter_and_allgather_algorithm(mpi_ranks):
                      f"zero={zero} {algorithm}")
 
 
+@pytest.mark.mpi(ranks=[5], timeout=120)
+def test_fewer_parameters_than_ranks_leave_a_shard_empty(mpi_ranks):
+    """MLP [1, 2]: P = 4 parameters on 5 ranks, shards of 1, 1, 1, 1, 0 items."""
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    x = np.linspace(-1, 2, 2 * n).reshape(2 * n, 1)  # (2N, 1): 2 samples per rank
+    y = (np.arange(2 * n) % 3 == 0).astype(np.int64)  # no symmetry: no gradient cancels
+    ref = MLP([1, 2], dtype="float64", seed=0)
+    ref_opt = OPTIMIZERS["adam"](ref)
+    for _ in range(3):
+        ref.backward(softmax_cross_entropy(ref.forward(x), y)[1])
+        ref_opt.step()
+    for zero in (1, 2):
+        model = MLP([1, 2], dtype="float64", seed=rank)
+        with DataParallel(model, comm, zero=zero, optimizer=OPTIMIZERS["adam"](model)) as ddp:
+            assert ddp.layout.shards.counts == (1, 1, 1, 1, 0)
+            mine = slice(2 * rank, 2 * rank + 2)
+            for _ in range(3):
+                ddp.backward(softmax_cross_entropy(ddp.forward(x[mine]), y[mine])[1])
+                ddp.step()
+        assert_close(model.params, ref.params, f"zero={zero}")
+        assert not np.allclose(model.params["W1"], MLP([1, 2], dtype="float64").params["W1"])
+
+
 def one_step_bytes(comm, sizes, zero, algorithm, bucket_mb) -> int:
     """Bytes this rank sends in one training step (backward and update), after a first one."""
     model = MLP(sizes, dtype="float32", seed=0)
@@ -136,12 +160,12 @@ def one_step_bytes(comm, sizes, zero, algorithm, bucket_mb) -> int:
     return comm.bytes_sent
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5], timeout=120)
+@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6], timeout=120)
 def test_sharded_steps_send_the_bytes_of_plain_data_parallelism(mpi_ranks, no_debug_check):
     """Reduce-scatter + all-gather of parameters = all-reduce of gradients: 2·G·(N-1)/N."""
     comm = mpidp.CountingComm(MPI.COMM_WORLD)
     n = mpi_ranks
-    even = [5, 13, 3]  # P = 120 parameters, divisible by 1..5; buckets of 42 and 78
+    even = [5, 13, 3]  # P = 120 parameters, divisible by 1..6; buckets of 42 and 78
     G = 120 * 4
     algorithms = ["ring"] + (["rabenseifner"] if n & (n - 1) == 0 else [])
     for algorithm in algorithms:
@@ -175,7 +199,7 @@ def demo_model_states(comm, zero: int, kind: str, sizes=(64, 128, 64, 10)) -> tu
     return held, peak.bytes, model.num_params()
 
 
-@pytest.mark.mpi(ranks=[1, 3, 4, 7], timeout=120)
+@pytest.mark.mpi(ranks=[1, 3, 4, 7, 8], timeout=120)
 def test_model_states_per_rank_are_the_formulas(mpi_ranks):
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
