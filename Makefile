@@ -35,8 +35,10 @@ $(STAMP): setup.cfg pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -v --durations=15 tests
 
+# one bucket per layer (the demo model is 67 KiB: the 25 MiB default would make one bucket,
+# and nothing would overlap); the trace shows each layer's all-reduce start during backward
 demo: $(STAMP)
-	mpiexec -n $(NP) $(PY) examples/train_mlp.py
+	mpiexec -n $(NP) $(PY) examples/train_mlp.py --bucket-mb 0 --trace trace-demo.json
 
 dropin: $(STAMP)
 	mpiexec -n $(NP) $(PY) examples/dropin.py
@@ -74,7 +76,7 @@ bench: $(STAMP)
 	    cat docs/bench/calibrate-n$$n.txt; fi; \
 	done
 	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
-	  --readme README.md --note "$(BENCH_NOTE)"
+	  --readme README.md --overlap-doc docs/overlap.md --note "$(BENCH_NOTE)"
 
 # `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.

@@ -18,6 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidp
+from mpidp import watchdog
 
 
 def program(comm) -> dict:
@@ -76,4 +77,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(watchdog.run(main, "dropin.py"))  # an exception on one rank ends the job

@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidp
+from mpidp import watchdog
 from mpidp.collectives import buffers
 
 
@@ -148,4 +149,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(watchdog.run(main, "gpu_check.py"))  # an exception on one rank ends the job

@@ -7,9 +7,12 @@ generator of rounds (lists of Send/Recv); this script drives it by hand, one
 round at a time, and rank 0 prints who sends which block to whom in each step.
 """
 
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
+from mpidp import watchdog
 from mpidp.collectives import SUM
 from mpidp.collectives.blocks import Blocks
 from mpidp.collectives.ring import ring_allreduce
@@ -62,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(watchdog.run(main, "ring_walkthrough.py"))  # an exception on one rank ends the job

@@ -1,30 +1,38 @@
 """Watchdog: a collective that cannot finish ends the job with a clear error, not a hang.
 
 When a host drops off the network, its peers' receives never complete and no
-error ever comes back (TCP retries for minutes); when a rank dies, MPI may hang
-too. Two tools, neither touching the schedule engine:
+error ever comes back (TCP retries for minutes); when a rank dies or raises,
+its peers wait for it forever. The tools here, none touching the schedule engine:
 
-- `wait(handle, timeout)` drives a nonblocking collective with ``test()``
-  (the engine's nonblocking step) and raises `TimeoutError` at the deadline;
+- `run(main)` calls an entry point's ``main`` and ends the whole job
+  (``MPI_Abort``) if it raises on any rank, as ``python -m mpi4py`` does;
+  ``python -m mpidp script.py`` runs a script that way;
 - `guard(timeout)` wraps any block of code, blocking collectives included: if
   the block goes `timeout` s without a ``kick()`` of its watchdog, a thread
-  prints which rank gave up on what, then calls
-  ``MPI.COMM_WORLD.Abort`` (which ends every rank mpiexec can still reach);
-  an exception leaving the block aborts the same way, so the other ranks do not
-  wait forever for this one. The timer costs nothing while the code runs.
+  prints which rank gave up on what, then calls ``MPI.COMM_WORLD.Abort``
+  (which ends every rank mpiexec can still reach); an exception leaving the
+  block aborts the same way. ``guard("auto")`` is the trainer's default: a
+  deadline of ``DEFAULT_FLOOR_S`` until the first kick, then of ``max(DEFAULT_FLOOR_S,
+  DEFAULT_FACTOR x the longest stretch between two kicks so far)``. The timer
+  costs nothing while the code runs;
+- `wait(handle, timeout)` completes a nonblocking collective (`Request.wait`)
+  and raises `TimeoutError`, naming the rank and the round, at the deadline.
 
-``MPIDP_TIMEOUT`` (seconds) is the default timeout of both, so a launcher can
-arm every run: ``mpiexec -genv MPIDP_TIMEOUT 60 ...``.
+``MPIDP_TIMEOUT`` (seconds, finite and > 0) is the deadline of a `guard` or a
+`wait` not given one, so a launcher can arm every run: ``mpiexec -genv
+MPIDP_TIMEOUT 60 ...`` (for ``guard("auto")``: after start-up, which gets at
+least ``DEFAULT_FLOOR_S``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mpi4py import MPI
@@ -33,12 +41,35 @@ EXIT_TIMEOUT = 124  # the code `timeout(1)` uses
 EXIT_ERROR = 1
 ABORT_GRACE_S = 5.0  # if Abort itself cannot finish (mpiexec out of reach), exit anyway
 MESSAGE_S = 0.5  # between the message and Abort: time for mpiexec to forward the message
+# guard("auto"): start-up (to the first kick: data, the broadcast, calibration) may last
+# the floor; after that, any stretch between kicks the floor, or this multiple of the
+# longest one seen so far if that is more. A digits step takes ~1 ms, start-up ~1-3 s.
+DEFAULT_FLOOR_S = 60.0
+DEFAULT_FACTOR = 10.0
+
+
+class ExitAll(SystemExit):
+    """Every rank raises this at the same point (after agreeing): exit, no Abort needed."""
+
+
+def check_timeout(value, name: str = "timeout") -> float:
+    """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):  # nan spins, inf overflows, <= 0 fires
+        raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
+    return seconds
 
 
 def timeout_from_env(default: float | None = None) -> float | None:
-    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty."""
+    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
+
+    ValueError if it is set to anything but a finite number > 0.
+    """
     value = os.environ.get("MPIDP_TIMEOUT", "")
-    return float(value) if value.strip() else default
+    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
 
 
 def wait(handle, timeout: float | None = None, *, what: str = "collective") -> None:
@@ -47,25 +78,23 @@ def wait(handle, timeout: float | None = None, *, what: str = "collective") -> N
     Args:
         timeout: seconds; None reads ``MPIDP_TIMEOUT``; if that is unset too, wait forever.
     """
-    timeout = timeout_from_env() if timeout is None else timeout
-    if timeout is None:
-        handle.wait()
-        return
-    deadline = time.monotonic() + timeout
-    pause = 1e-6
-    while not handle.test():
-        if time.monotonic() > deadline:
-            rank = MPI.COMM_WORLD.Get_rank()
-            raise TimeoutError(f"rank {rank}: {what} not complete after {timeout:g} s "
-                               f"(round {getattr(handle, 'rounds', '?')}): "
-                               "a peer is dead or its link is down")
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)  # back off to 1 ms: little CPU, little added latency
+    timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
+    try:
+        handle.wait(timeout)  # mpidp's one completion policy (schedule.waitall)
+    except TimeoutError:
+        rank = MPI.COMM_WORLD.Get_rank()
+        raise TimeoutError(f"rank {rank}: {what} not complete after {timeout:g} s "
+                           f"(round {getattr(handle, 'rounds', '?')}): a peer is dead, hangs "
+                           "or disagrees on the arguments, or its link is down") from None
 
 
 def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     """Print `message` with this rank's number, then end the whole job."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    try:
+        sys.stdout.flush()  # what this rank printed so far: Abort would lose it
+    except Exception:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
+        pass
     sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
                      "aborting the job\n")
     sys.stderr.flush()
@@ -82,12 +111,70 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     os._exit(code)
 
 
-class Dog:
-    """The deadline of a `guard`: `kick()` starts it again (call it once per step)."""
+def _machinery(filename: str) -> bool:
+    here = os.path.dirname(__file__)
+    return (filename in (__file__, os.path.join(here, "__main__.py")) or "runpy" in filename
+            or filename.endswith(os.path.join("mpi4py", "run.py")))
 
-    def __init__(self, timeout: float | None, what: str, comm):
-        self.timeout, self.what, self.comm = timeout, what, comm
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+def _end_job(e: BaseException, what: str, comm) -> None:
+    """An exception is leaving `what` on this rank: the peers would wait for it forever."""
+    if isinstance(e, ExitAll) or (isinstance(e, SystemExit) and e.code in (None, 0)):
+        return  # every rank exits here, or this one exits cleanly: nothing to end
+    if isinstance(e, SystemExit):
+        if isinstance(e.code, int):
+            abort(f"{what} exited with status {e.code}", e.code, comm)
+        abort(f"{what} exited: {e.code}", EXIT_ERROR, comm)  # sys.exit("message")
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C reaches every rank: no traceback needed
+        abort(f"{what} interrupted", 130, comm)
+    tb = e.__traceback__  # from the program's own frames: skip run()'s and runpy's
+    while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
+    code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
+    abort(f"{what} failed: {type(e).__name__}: {e}", code, comm)
+
+
+def run(main: Callable[[], int | None], what: str, comm=None) -> int:
+    """Call an entry point's `main()`; if it raises on this rank, end the whole job.
+
+    A returned code is every rank's own (they agree, or the job would hang anyway);
+    an exception on one rank, a ``sys.exit(n)`` with n != 0 included, aborts them all
+    with one line naming the rank, after the traceback. `ExitAll` passes through::
+
+        if __name__ == "__main__":
+            sys.exit(watchdog.run(main, "train_mlp.py"))
+    """
+    try:
+        code = main()
+    except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it
+        _end_job(e, what, comm)
+        raise
+    return 0 if code is None else code
+
+
+class Dog:
+    """The deadline of a `guard`: `kick()` starts it again (call it once per step).
+
+    Args:
+        timeout: seconds, None for no deadline, or "auto": ``max(floor, factor x``
+            the longest stretch between two kicks so far); before the first kick
+            (start-up), the floor.
+        startup: the deadline before the first kick, if not `timeout`'s.
+    """
+
+    def __init__(self, timeout: float | str | None, what: str, comm,
+                 floor: float | None = None, factor: float | None = None,
+                 startup: float | None = None):
+        self.auto = timeout == "auto"
+        self.floor = DEFAULT_FLOOR_S if floor is None else floor
+        self.factor = DEFAULT_FACTOR if factor is None else factor
+        self.timeout = self.floor if self.auto else timeout
+        self.longest, self.kicks = 0.0, 0
+        self.what, self.comm = what, comm
+        self.last = time.monotonic()
+        self.allowed = self.timeout if startup is None else startup  # this stretch's
+        self.deadline = None if timeout is None else self.last + self.allowed
         self._stop = threading.Event()
         self._thread = None
         if timeout is not None:
@@ -97,21 +184,32 @@ class Dog:
 
     def kick(self) -> None:
         """Progress was made: the deadline is `timeout` s from now."""
-        if self.timeout is not None:
-            self.deadline = time.monotonic() + self.timeout
+        if self.timeout is None:
+            return
+        now = time.monotonic()
+        if self.auto:
+            if self.kicks:  # not start-up (data, the broadcast, calibration): the floor's
+                self.longest = max(self.longest, now - self.last)
+            self.timeout = max(self.floor, self.factor * self.longest)
+        self.kicks += 1
+        self.allowed = self.timeout
+        self.last, self.deadline = now, now + self.allowed
 
     def stop(self) -> None:
         self._stop.set()
 
     def _watch(self) -> None:
-        while not self._stop.wait(max(0.0, self.deadline - time.monotonic())):
+        # wake at least once a second: a deadline moved earlier (a test's) is seen in time
+        while not self._stop.wait(min(1.0, max(0.0, self.deadline - time.monotonic()))):
             if time.monotonic() >= self.deadline:  # not kicked meanwhile
-                abort(f"{self.what} made no progress for {self.timeout:g} s "
-                      "(a peer died or a link is down?)", EXIT_TIMEOUT, self.comm)
+                how = "the default deadline; set MPIDP_TIMEOUT to change it, " if self.auto else ""
+                abort(f"{self.what} made no progress for {self.allowed:g} s ({how}"
+                      "a peer died, hangs or disagrees, or a link is down?)",
+                      EXIT_TIMEOUT, self.comm)
 
 
 @contextmanager
-def guard(timeout: float | None = None, what: str = "run", comm=None) -> Iterator[Dog]:
+def guard(timeout: float | str | None = None, what: str = "run", comm=None) -> Iterator[Dog]:
     """Abort the job if the block raises, or runs `timeout` s past the last `kick()`.
 
     ::
@@ -122,22 +220,29 @@ def guard(timeout: float | None = None, what: str = "run", comm=None) -> Iterato
                 dog.kick()
 
     Args:
-        timeout: seconds; None reads ``MPIDP_TIMEOUT``; if that is unset, no deadline
-            (exceptions still abort).
+        timeout: seconds; None reads ``MPIDP_TIMEOUT``, and if that is unset, no
+            deadline (exceptions still abort). "auto" (the trainer's): start-up, to
+            the first kick, may last ``DEFAULT_FLOOR_S`` (or ``MPIDP_TIMEOUT`` if
+            longer: it holds one-off work, imports, calibration); after it, each
+            stretch between kicks ``MPIDP_TIMEOUT``, or if that is unset,
+            ``max(DEFAULT_FLOOR_S, DEFAULT_FACTOR x`` the longest stretch so far).
         what: named in the message.
     """
-    dog = Dog(timeout_from_env() if timeout is None else timeout, what, comm)
+    startup = None
+    if timeout == "auto":
+        fixed = timeout_from_env()
+        if fixed is not None:
+            timeout, startup = fixed, max(fixed, DEFAULT_FLOOR_S)
+    elif timeout is None:
+        timeout = timeout_from_env()
+    else:
+        timeout = check_timeout(timeout)
+    dog = Dog(timeout, what, comm, startup=startup)
     try:
         yield dog
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            dog.stop()
-            abort(f"{what} exited with status {e.code}", EXIT_ERROR, comm)
-        raise
     except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it
         dog.stop()
-        traceback.print_exc()
-        code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
-        abort(f"{what} failed: {type(e).__name__}: {e}", code, comm)
+        _end_job(e, what, comm)
+        raise
     finally:
         dog.stop()

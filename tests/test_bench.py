@@ -29,7 +29,7 @@ NCCL_TESTS_BUS_FACTOR = {
     "bcast": lambda n: 1.0,
 }
 ROW_KEYS = {"collective", "algorithm", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
-            "min_us", "count", "inplace", "speedup", "resolved"}
+            "min_us", "count", "inplace", "speedup", "resolved", "persistent"}
 META_KEYS = {"date", "cpu", "cores", "mpi_library", "mpi4py", "numpy", "ranks", "rows"}
 
 
@@ -59,13 +59,16 @@ def test_collectives_sweep_checks_every_algorithm_against_native(mpi_ranks, shar
         for place in ([None] if collective == "bcast" else [False, True]):
             mine = [r for r in rows if r["collective"] == collective and r["inplace"] is place]
             assert {r["algorithm"] for r in mine} == {"native", *names}, (collective, place)
+            persistent = {r["algorithm"] for r in mine if r["persistent"]}
+            assert persistent == {"native", "auto"}, (collective, place)  # *_init, timed too
             assert all(r["resolved"] in names[:-1] for r in mine if r["algorithm"] == "auto")
             if collective in ("reduce_scatter", "allgather"):  # whole blocks: N divides count
                 assert all(r["count"] % n == 0 for r in mine)
             largest = max(r["bytes"] for r in mine)
-            for r in mine:  # memory measured at the largest size, for mpidp's algorithms
+            for r in mine:  # memory measured at the largest size, for mpidp's plain calls
                 measured = r.get("mem_first_bytes") is not None
-                assert measured == (r["bytes"] == largest and r["algorithm"] != "native")
+                assert measured == (r["bytes"] == largest and r["algorithm"] != "native"
+                                    and not r["persistent"])
     with open(table) as f:
         assert len(list(csv.DictReader(f))) == len(rows)
 
@@ -165,6 +168,26 @@ def test_report_writes_the_page_and_plots(tmp_path):
     assert "Python call overhead" in page and "> **preliminary**" in page
     assert "overlap hides 50% of the communication" in page and "serial 1.0" in page
     assert "0 wrong items" in page
+
+
+def test_report_writes_the_overlap_tables_from_the_runs_json(tmp_path):
+    """docs/overlap.md's tables are the JSON's numbers, not typed by hand."""
+    run = {"ranks": 2, "sizes": [4, 3, 2], "batch": 8, "dtype": "float32", "bucket_mb": 0.0,
+           "algorithm": "ring", "modes": {
+               "compute": {"step_ms": 1.0, "backward_ms": 0.5, "exposed_comm_ms": 0.0},
+               "serial": {"step_ms": 2.0, "backward_ms": 0.5, "exposed_comm_ms": 1.0},
+               "overlap": {"step_ms": 1.5, "backward_ms": 0.75, "exposed_comm_ms": 0.25,
+                           "hidden_fraction": 0.5}}}
+    (tmp_path / "overlap-n2.json").write_text(json.dumps(run))
+    doc = tmp_path / "overlap.md"
+    doc.write_text(f"a\n{report.OVERLAP_BEGIN}\nold\n{report.OVERLAP_END}\nz\n")
+    paths = [str(tmp_path / "overlap-n2.json")]
+    assert report.replace_marked(str(doc), report.OVERLAP_BEGIN, report.OVERLAP_END,
+                                 report.overlap_tables(paths))
+    text = doc.read_text()
+    assert "old" not in text and text.startswith("a\n") and text.endswith("z\n")
+    assert "| serial | 2.00 | 0.50 | 1.00 |  |" in text
+    assert "| overlap | 1.50 | 0.75 | 0.25 | +0.50 |" in text
 
 
 def test_report_updates_the_readme_headline_between_its_markers(tmp_path):

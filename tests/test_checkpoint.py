@@ -3,6 +3,11 @@
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -78,8 +83,9 @@ def test_truncated_corrupt_missing_and_foreign_files_are_clear_errors(tmp_path):
         read(str(tmp_path / "other.npz"))
 
     np.savez(tmp_path / "pickled.npz", format=np.array(1), x=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(CheckpointError, match="corrupt"):  # never unpickles
+    with pytest.raises(CheckpointError, match="Python objects") as info:  # never unpickles
         read(str(tmp_path / "pickled.npz"))
+    assert "allow_pickle" not in str(info.value)  # never suggests unpickling either
 
     for k in model.params:  # nothing was changed by the failed loads
         assert np.array_equal(model.params[k], before[k])
@@ -105,7 +111,7 @@ def final_params(path):
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_resume_is_bitwise_identical_to_an_uninterrupted_run(mpi_ranks, shared_dir):
+def test_resume_is_bitwise_identical_to_an_uninterrupted_run(mpi_ranks, shared_dir, capsys):
     comm = MPI.COMM_WORLD
     folder = shared_dir  # every rank reads the files rank 0 writes
     train = trainer().main
@@ -130,12 +136,232 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(mpi_ranks, shared_d
         for key in ("loss", "train_acc", "test_acc", "samples_per_s", "forward_ms",
                     "backward_ms", "exposed_comm_ms"):
             assert all(isinstance(r[key], float) for r in rows), key
-    with pytest.raises(SystemExit, match="global_batch=240, this run has 120"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:  # on every rank, with one line on rank 0
         train([*common[:2], "--global-batch", "120", *common[4:], "--checkpoint", part,
                "--resume"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    if comm.Get_rank() == 0:
+        assert "global_batch=240, this run has 120" in err and len(err.splitlines()) == 1, err
+    else:
+        assert err == ""
 
 
-def test_resume_without_a_checkpoint_file_is_an_error_not_a_fresh_start(tmp_path):
-    with pytest.raises(CheckpointError, match="no such checkpoint"):
+def test_resume_without_a_checkpoint_file_is_an_error_not_a_fresh_start(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
         trainer().main(["--checkpoint", str(tmp_path / "none.npz"), "--resume",
                         "--progress", "never"])
+    assert info.value.code == 2
+    assert "no such checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "none.npz").exists()
+
+
+def test_an_existing_checkpoint_is_not_overwritten_without_overwrite(tmp_path, capsys):
+    path = tmp_path / "ck.npz"
+    common = ["--epochs", "1", "--global-batch", "960", "--hidden", "8", "--progress", "never",
+              "--data", "synthetic", "--checkpoint", str(path)]
+    train = trainer().main
+    assert train(common) == 0
+    before = path.read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        train([*common, "--lr", "0.5"])  # another run, same file
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--overwrite" in err and len(err.splitlines()) == 1, err
+    assert path.read_bytes() == before  # untouched
+    assert train([*common, "--lr", "0.5", "--overwrite"]) == 0
+    assert path.read_bytes() != before
+
+
+# ---------------------------------------------------------------- the whole file, checked first
+
+
+def _rewrite(src, dst, change):
+    """Copy checkpoint `src` to `dst` with `change(arrays)` applied to its entries."""
+    arrays = read(src)
+    change(arrays)
+    np.savez(dst, **arrays)
+    return dst
+
+
+BROKEN = {  # what is changed -> what the error says
+    "optim/steps missing": (lambda a: a.pop("optim/steps"), "optim/steps: missing"),
+    "velocity missing": (lambda a: a.pop("optim/velocity/W2"), "optim/velocity/W2: missing"),
+    "velocity shape": (lambda a: a.update({"optim/velocity/W1": np.zeros((5, 6))}),
+                       r"optim/velocity/W1: float64 of shape \(5, 6\), expected float64"),
+    "velocity dtype": (lambda a: a.update({"optim/velocity/b1": np.zeros(5, np.float32)}),
+                       "optim/velocity/b1: float32"),
+    "steps not a number": (lambda a: a.update({"optim/steps": np.array([3, 3])}),
+                           "optim/steps"),
+    "unknown entry": (lambda a: a.update({"param/W9": np.zeros(2)}), "param/W9: not expected"),
+    "unknown optimizer state": (lambda a: a.update({"optim/m/W1": np.zeros((6, 5))}),
+                                "optim/m/W1: not expected"),
+    "state not an integer": (lambda a: a.update({"state/epoch": np.array(1.5)}),
+                             "state/epoch: float64"),
+    "sizes missing": (lambda a: a.pop("sizes"), "sizes missing"),
+    "activation missing": (lambda a: a.pop("activation"), "activation missing"),
+    "dtype missing": (lambda a: a.pop("dtype"), "dtype missing"),
+    "format version": (lambda a: a.update({"format": np.array(3)}), "format 3"),
+    "optimizer missing": (lambda a: a.pop("optimizer"), "optimizer missing"),
+    "another optimizer": (lambda a: a.update({"optimizer": np.array("adam")}),
+                          "optimizer adam vs sgd"),
+    "pickled velocity": (lambda a: a.update({"optim/velocity/W1": np.array([{}], object)}),
+                         "Python objects"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_load_checks_the_whole_file_before_changing_anything(tmp_path, case):
+    change, message = BROKEN[case]
+    model, opt = trained()
+    good = str(tmp_path / "good.npz")
+    save(good, model, opt, {"epoch": 1, "step": 0})
+    bad = _rewrite(good, str(tmp_path / "bad.npz"), change)
+    fresh = MLP([6, 5, 3], dtype="float64", seed=7)
+    fresh_opt = SGD(fresh.params, fresh.grads, lr=0.1, momentum=0.9)
+    before = {k: v.copy() for k, v in fresh.params.items()}
+    with pytest.raises(CheckpointError, match=message) as info:
+        load(bad, fresh, fresh_opt)
+    assert "allow_pickle" not in str(info.value)
+    assert all(np.array_equal(fresh.params[k], before[k]) for k in before)
+    assert fresh_opt.steps == 0 and fresh_opt.velocity == {}
+    load(good, fresh, fresh_opt)  # the untouched file loads into the same objects
+    assert fresh_opt.steps == 3
+
+
+def test_state_keys_asked_for_must_be_there(tmp_path):
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained()
+    save(path, model, opt, {"epoch": 1})
+    with pytest.raises(CheckpointError, match="state/step: missing"):
+        load(path, model, opt, state_keys=["epoch", "step"])
+    assert load(path, model, opt, state_keys=["epoch"]) == {"epoch": 1}
+
+
+def _npz_with_a_big_member(path, name, shape):
+    """A valid checkpoint whose entry `name` is a compressed all-zero array of `shape`:
+    a few hundred kB on disk, shape's float64 bytes once decompressed."""
+    model, opt = trained()
+    save(path, model, opt, {"epoch": 1})
+    arrays = read(path)
+    arrays.pop(name, None)
+    np.savez(path, **arrays)
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open(name + ".npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": "<f8", "fortran_order": False, "shape": shape})
+            chunk = bytes(1 << 20)
+            for _ in range(int(np.prod(shape)) * 8 // len(chunk)):
+                f.write(chunk)
+
+
+@pytest.mark.parametrize("name", ["param/W1", "optim/velocity/W1", "param/W9", "sizes"])
+def test_sizes_are_checked_before_anything_is_decompressed(tmp_path, name):
+    path = str(tmp_path / "bomb.npz")
+    _npz_with_a_big_member(path, name, (64, 1 << 15))  # 16 MiB of float64 zeros
+    assert os.path.getsize(path) < 1 << 20
+    model, opt = trained()
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError) as info:
+            load(path, model, opt)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"loading allocated {peak / 2**20:.1f} MiB"
+    assert name in str(info.value)
+
+
+# ---------------------------------------------------------------- crash safety of save
+
+
+def test_a_reader_of_the_old_checkpoint_keeps_it_whole(tmp_path):
+    """The new file is renamed over the old one, not copied into it: a reader that has
+    the old file open (a resuming rank, a backup) keeps reading the old one, whole."""
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained(steps=1)
+    save(path, model, opt, {"epoch": 1})
+    old = open(path, "rb").read()
+    with open(path, "rb") as reader:
+        model2, opt2 = trained(steps=5)
+        save(path, model2, opt2, {"epoch": 2})
+        assert reader.read() == old
+    assert read(path)["state/epoch"] == 2
+
+
+def test_a_write_that_fails_midway_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained(steps=1)
+    save(path, model, opt, {"epoch": 1})
+    old = open(path, "rb").read()
+    write_array, written = np.lib.format.write_array, []
+
+    def write_some(f, array, **kw):
+        if len(written) == 5:
+            raise OSError(28, "No space left on device")
+        written.append(array)
+        write_array(f, array, **kw)
+
+    monkeypatch.setattr(np.lib.format, "write_array", write_some)
+    model2, opt2 = trained(steps=5)
+    with pytest.raises(OSError, match="No space"):
+        save(path, model2, opt2, {"epoch": 2})
+    assert written, "the failure came before anything was written"
+    assert open(path, "rb").read() == old
+    assert os.listdir(tmp_path) == ["ck.npz"]  # no temporary file left either
+
+
+def test_a_writer_killed_midway_leaves_the_old_checkpoint(tmp_path):
+    """SIGKILL in the middle of np.savez: the old file is whole and loads."""
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained(steps=1)
+    save(path, model, opt, {"epoch": 1})
+    old = open(path, "rb").read()
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import numpy as np
+        sys.path.insert(0, {HERE!r})
+        from test_checkpoint import trained
+        from mpidp.training.checkpoint import save
+        write_array, count = np.lib.format.write_array, [0]
+        def write_then_die(f, array, **kw):
+            write_array(f, array, **kw)
+            count[0] += 1
+            if count[0] == 5:
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+        np.lib.format.write_array = write_then_die
+        model, opt = trained(steps=5)
+        save({path!r}, model, opt, {{"epoch": 2}})
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert open(path, "rb").read() == old
+    fresh, fresh_opt = trained(steps=0)
+    assert load(path, fresh, fresh_opt) == {"epoch": 1}
+    assert all(np.array_equal(fresh.params[k], model.params[k]) for k in model.params)
+
+
+def test_save_syncs_the_data_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    path = str(tmp_path / "ck.npz")
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def record_fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        events.append(("fsync", os.path.basename(target) if target != str(tmp_path) else "."))
+        fsync(fd)
+
+    def record_replace(src, dst):
+        events.append(("replace", os.path.basename(src), os.path.basename(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", record_fsync)
+    monkeypatch.setattr(os, "replace", record_replace)
+    model, opt = trained()
+    save(path, model, opt, {"epoch": 1})
+    tmp = f".ck.npz.tmp{os.getpid()}"
+    assert events == [("fsync", tmp), ("replace", tmp, "ck.npz"), ("fsync", ".")], events

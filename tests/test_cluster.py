@@ -2,8 +2,10 @@
 
 Each test builds a `mpidp.cluster.Cluster` (network namespaces, a bridge, veth
 links with a tbf rate limit), launches this file as the rank program with the
-mpich wheel's mpiexec, and tears everything down. They need root and iproute2;
-elsewhere they skip with the reason. Run by hand::
+mpich wheel's mpiexec, and tears everything down. They need root and iproute2
+(`ip`, `tc`); without them they skip with the reason. As root with both, they
+run, and fail if the cluster cannot be built: a probe that wrongly says "no"
+must not turn them all into skips. Run by hand::
 
     python -m mpidp.cluster run --hosts 4 -- python tests/test_cluster.py collectives
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,9 +30,22 @@ RATE_BPS = 1e9 / 8  # the links' rate in bytes/s ("1gbit")
 BIG = 1 << 20  # float64 items: an 8 MiB all-reduce for the traffic checks
 WATCHDOG_S = 5.0
 
-# this file is also the rank program (run as __main__): no probing there
-OK, WHY = (True, "") if __name__ == "__main__" else cluster.available()
-needs_cluster = pytest.mark.skipif(not OK, reason=WHY)
+
+
+def _why_not() -> str | None:
+    """Why these tests cannot run here, from the facts alone (not cluster.available())."""
+    if sys.platform != "linux":
+        return "the emulated cluster needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces, tc)"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"the emulated cluster needs iproute2 ({', '.join(missing)} not found)"
+    return None
+
+
+WHY = None if __name__ == "__main__" else _why_not()  # the rank program probes nothing
+needs_cluster = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 
 # ---------------------------------------------------------------- the rank programs
@@ -307,18 +323,62 @@ def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
 
 
 @needs_cluster
-def test_ctrl_c_tears_down():
-    cmd = [sys.executable, "-m", "mpidp.cluster", "run", "--hosts", "2", "--", "sleep", "60"]
+def test_the_cluster_is_available_as_root_with_iproute2():
+    ok, why = cluster.available()
+    assert ok, f"root, with ip and tc, yet: {why}"
+
+
+def _start_run(*extra: str) -> subprocess.Popen:
+    """`python -m mpidp.cluster run --hosts 2 -- sleep 60`, once its ranks sleep."""
+    cmd = [sys.executable, "-m", "mpidp.cluster", "run", "--hosts", "2", *extra, "--",
+           "sleep", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not _wait_for(lambda: len(cluster.names()[0]) == 2 and _sleeping(2), 30):
+        proc.kill()
+        pytest.fail("the cluster's ranks did not start: " + proc.communicate()[0])
+    return proc
+
+
+@needs_cluster
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_tears_down(sig):
+    proc = _start_run()
     try:
-        assert _wait_for(lambda: len(cluster.names()[0]) == 2 and _sleeping(2), 30)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 130, out
-    assert "torn down" in out, out
+    assert proc.returncode == 128 + sig, out
+    assert f"interrupted ({signal.Signals(sig).name}); torn down" in out, out
     _clean()
+    assert not _sleeping(1)
+
+
+@needs_cluster
+def test_down_refuses_while_a_job_holds_the_cluster_unless_forced():
+    proc = _start_run()
+    try:
+        down = subprocess.run([sys.executable, "-m", "mpidp.cluster", "down"],
+                              capture_output=True, text=True, timeout=60)
+        assert down.returncode == 2, down.stdout + down.stderr
+        assert f"in use by pid {proc.pid}" in down.stderr and "sleep 60" in down.stderr, \
+            down.stderr
+        assert "--force" in down.stderr
+        assert len(cluster.names()[0]) == 2 and _sleeping(2), "down tore the job's hosts down"
+        assert proc.poll() is None, "the job died"
+        forced = subprocess.run([sys.executable, "-m", "mpidp.cluster", "down", "--force"],
+                                capture_output=True, text=True, timeout=60)
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        assert "removed: mpidpc-h" in forced.stdout, forced.stdout
+        proc.communicate(timeout=30)  # its job was killed: the run ends
+    finally:
+        proc.kill()
+        proc.wait()
+    _clean()
+    again = subprocess.run([sys.executable, "-m", "mpidp.cluster", "down"],
+                           capture_output=True, text=True, timeout=60)  # no holder now
+    assert again.returncode == 0 and "removed: nothing" in again.stdout, again.stderr
 
 
 @needs_cluster

@@ -3,10 +3,13 @@
 import importlib
 import sys
 
+from .. import watchdog
+
 SUBCOMMANDS = {
     "collectives": "mpidp.bench.collectives",  # nccl-tests style sweep against native MPI
     "overlap": "mpidp.bench.overlap",  # trainer: compute only / serial / overlapped steps
     "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
+    "guard": "mpidp.bench.guard",  # what the tag signature and MPIDP_DEBUG=1 cost per call
     "zero": "mpidp.bench.zero",  # memory per rank under ZeRO stages 0, 1, 2; prefetch timing
 }
 
@@ -20,5 +23,5 @@ def main(argv: list[str]) -> int:
     return module.main(argv[1:]) or 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # an exception on one rank ends the job, not just that rank
+    sys.exit(watchdog.run(lambda: main(sys.argv[1:]), "python -m mpidp.bench"))

@@ -46,6 +46,7 @@ from functools import partial
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives as mpidp
 from ..collectives import api
 from ..collectives.state import state
 from .output import (
@@ -66,6 +67,8 @@ from .output import (
 
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+# the persistent forms timed beside the plain calls: rows with "persistent": true
+PERSISTENT = ("native persistent", "auto persistent")
 FULL_ITERS_UP_TO = 1 << 20  # above this size the iteration counts halve per doubling
 MIN_ITERS = 20
 
@@ -92,6 +95,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--inplace", default="both", choices=["off", "on", "both"],
                    help="out of place, in place, or both (broadcast has one buffer)")
     p.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    p.add_argument("--no-persistent", action="store_true",
+                   help="skip the persistent forms (native *_init and mpidp's)")
     p.add_argument("--json", metavar="FILE", help="write metadata and rows as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     p.add_argument("--plot", metavar="FILE.png", help="busbw and latency against size")
@@ -180,6 +185,31 @@ class Case:
         if self.collective == "allgather":
             return partial(api.allgather, comm, send, self.recv, algorithm=algorithm, **kw)
         return partial(api.bcast, comm, self.recv, 0, algorithm=algorithm, **kw)
+
+    def persistent(self, native: bool):
+        """The persistent form (``*_init``), planned now; (the call: start + wait, its free)."""
+        comm = self.comm
+        inplace = MPI.IN_PLACE if native else api.IN_PLACE
+        send = inplace if self.inplace else self.send
+        if native:
+            make = {"allreduce": lambda: comm.Allreduce_init(send, self.recv, op=self.mpi_op),
+                    "reduce_scatter": lambda: comm.Reduce_scatter_block_init(
+                        send, self.recv, op=self.mpi_op),
+                    "allgather": lambda: comm.Allgather_init(send, self.recv),
+                    "bcast": lambda: comm.Bcast_init(self.recv, root=0)}[self.collective]
+        else:
+            make = {"allreduce": lambda: mpidp.allreduce_init(comm, send, self.recv, op=self.op),
+                    "reduce_scatter": lambda: mpidp.reduce_scatter_block_init(
+                        comm, send, self.recv, op=self.op),
+                    "allgather": lambda: mpidp.allgather_init(comm, send, self.recv),
+                    "bcast": lambda: mpidp.bcast_init(comm, self.recv, 0)}[self.collective]
+        req = make()
+
+        def call():
+            req.Start()
+            req.Wait()
+
+        return call, req.Free
 
     def setup(self) -> None:
         self.prepare()
@@ -289,17 +319,26 @@ def sweep(comm, args, log) -> list[dict]:
                 native_us = None
                 calls = {"native": case.native()}
                 calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
+                frees = []
+                if not args.no_persistent:  # planned once per size, started each iteration
+                    for name in PERSISTENT:
+                        calls[name], free = case.persistent(native=name.startswith("native"))
+                        frees.append(free)
                 measured = time_rows(case, calls, warmup, iters)
-                for algorithm in ("native", *algorithms):
+                for free in frees:
+                    free()
+                for name in ("native", *algorithms, *(() if args.no_persistent else PERSISTENT)):
+                    algorithm, persistent = name.split()[0], name in PERSISTENT
                     resolved = None if algorithm == "native" else api.choose(
                         comm, collective, count * dtype.itemsize, algorithm)
-                    times, wrong = measured[algorithm]
+                    times, wrong = measured[name]
                     row = make_row(collective, algorithm, resolved, inplace, count, dtype,
-                                   n, times, wrong, warmup)
+                                   n, times, wrong, warmup, persistent)
                     if algorithm == "native":
                         native_us = row["time_us"]
                     row["speedup"] = native_us / row["time_us"] if row["time_us"] > 0 else None
-                    if nbytes in largest and algorithm != "native" and not args.no_memory:
+                    if (nbytes in largest and algorithm != "native" and not persistent
+                            and not args.no_memory):
                         row.update(memory(case, algorithm))
                     rows.append(row)
                     log(format_row(row))
@@ -321,7 +360,7 @@ def memory(case: Case, algorithm: str) -> dict:
 
 
 def make_row(collective, algorithm, resolved, inplace, count, dtype, n, times, wrong,
-             warmup) -> dict:
+             warmup, persistent: bool = False) -> dict:
     nbytes = count * dtype.itemsize
     med, best = statistics.median(times), min(times)
     algbw = nbytes / med / 1e9 if med > 0 else 0.0
@@ -329,7 +368,8 @@ def make_row(collective, algorithm, resolved, inplace, count, dtype, n, times, w
             "inplace": inplace, "bytes": nbytes, "count": count, "dtype": str(dtype),
             "ranks": n, "iters": len(times), "warmup": warmup,
             "time_us": med * 1e6, "min_us": best * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * bus_factor(collective, n), "wrong": wrong}
+            "busbw_gbps": algbw * bus_factor(collective, n), "wrong": wrong,
+            "persistent": persistent}
 
 
 # ------------------------------------------------------------------ metadata

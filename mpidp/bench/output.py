@@ -49,20 +49,21 @@ def placement(inplace: bool | None) -> str:
 
 
 def header() -> str:
-    return (f"{'size':>10s} {'count':>10s} {'algorithm':<30s} {'time(us)':>10s} "
+    return (f"{'size':>10s} {'count':>10s} {'algorithm':<38s} {'time(us)':>10s} "
             f"{'min(us)':>10s} {'algbw':>7s} {'busbw':>7s} {'vs native':>9s} {'#wrong':>6s}")
 
 
 def label(row: dict) -> str:
-    """'auto (ring)' for auto, the name otherwise."""
-    if row["algorithm"] == "auto" and row.get("resolved"):
-        return f"auto ({row['resolved']})"
-    return row["algorithm"]
+    """'auto (ring)' for auto, the name otherwise; ' persistent' for the ``*_init`` forms."""
+    name = row["algorithm"]
+    if name == "auto" and row.get("resolved"):
+        name = f"auto ({row['resolved']})"
+    return name + (" persistent" if row.get("persistent") else "")
 
 
 def format_row(row: dict) -> str:
     speedup = f"{row['speedup']:8.2f}x" if row.get("speedup") else f"{'-':>9s}"
-    return (f"{human(row['bytes']):>10s} {row['count']:>10d} {label(row):<30s} "
+    return (f"{human(row['bytes']):>10s} {row['count']:>10d} {label(row):<38s} "
             f"{row['time_us']:10.1f} {row['min_us']:10.1f} {row['algbw_gbps']:7.3f} "
             f"{row['busbw_gbps']:7.3f} {speedup} {row['wrong']:6d}")
 

@@ -39,14 +39,14 @@ def group(rows: list[dict]) -> dict:
     """{(collective, inplace): {bytes: {algorithm: row}}}, in sweep order."""
     out: dict = {}
     for r in rows:
-        out.setdefault((r["collective"], r["inplace"]), {}).setdefault(r["bytes"], {})[
-            r["algorithm"]] = r
+        name = r["algorithm"] + (" persistent" if r.get("persistent") else "")
+        out.setdefault((r["collective"], r["inplace"]), {}).setdefault(r["bytes"], {})[name] = r
     return out
 
 
 def mpidp_names(by_alg: dict) -> list[str]:
-    """The algorithms of one size other than native and auto."""
-    return [a for a in by_alg if a not in ("native", "auto")]
+    """The algorithms of one size other than native and auto (plain calls, not persistent)."""
+    return [a for a in by_alg if a not in ("native", "auto") and not a.endswith(" persistent")]
 
 
 def best_mpidp(by_alg: dict) -> dict | None:
@@ -231,7 +231,7 @@ def tables(run: dict) -> list[str]:
                 cell = f"{r['time_us']:.1f}"
                 if native and r["time_us"] > 0:
                     cell += f" ({native['time_us'] / r['time_us']:.2f}x)"
-                if a == "auto" and r.get("resolved"):
+                if a.startswith("auto") and r.get("resolved"):
                     cell += f" [{r['resolved']}]"
                 cells.append(cell)
             best = best_mpidp(by_alg)
@@ -366,24 +366,48 @@ def load_runs(data_dir: str) -> list[dict]:
 
 
 README_BEGIN, README_END = "<!-- bench-headline -->", "<!-- /bench-headline -->"
+OVERLAP_BEGIN, OVERLAP_END = "<!-- overlap-tables -->", "<!-- /overlap-tables -->"
+
+
+def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
+    """Put `lines` between the markers `begin` and `end` of the file at `path`."""
+    with open(path) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        return False
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + "\n".join([begin, *lines, end]) + tail)
+    return True
 
 
 def update_readme(path: str, runs: list[dict]) -> bool:
     """Put the headline table and the targets count between the README's markers."""
-    with open(path) as f:
-        text = f.read()
-    if README_BEGIN not in text or README_END not in text:
-        return False
     _, met, total = target_table(runs)
     table = headline(runs)[4:]  # the table rows, without the page's heading and intro
-    block = [README_BEGIN, *table,
-             f"{met} of {total} measured targets met; the page says which, by how much, "
-             "and why.", README_END]
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    with open(path, "w") as f:
-        f.write(head + "\n".join(block) + tail)
-    return True
+    return replace_marked(path, README_BEGIN, README_END, [
+        *table, f"{met} of {total} measured targets met; the page says which, by how much, "
+        "and why."])
+
+
+def overlap_tables(paths: list[str]) -> list[str]:
+    """One Markdown table per overlap JSON (`bench overlap --json`): every mode's medians."""
+    lines = []
+    for path in paths:
+        with open(path) as f:
+            s = json.load(f)
+        lines += [f"{s['ranks']} ranks, MLP {'-'.join(map(str, s['sizes']))} ({s['dtype']}), "
+                  f"local batch {s['batch']}, bucket_mb {s['bucket_mb']}, algorithm "
+                  f"{s['algorithm']} ([{os.path.basename(path)}](bench/"
+                  f"{os.path.basename(path)})), median ms:", "",
+                  "| mode | step | backward | exposed comm | hidden |", "|---|---:|---:|---:|---:|"]
+        for mode, e in s["modes"].items():
+            hidden = f"{e['hidden_fraction']:+.2f}" if "hidden_fraction" in e else ""
+            lines.append(f"| {mode} | {e['step_ms']:.2f} | {e['backward_ms']:.2f} | "
+                         f"{e['exposed_comm_ms']:.2f} | {hidden} |")
+        lines.append("")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", default="", help="a banner line at the top (e.g. 'preliminary')")
     p.add_argument("--readme", default="", help=f"update the headline between {README_BEGIN} "
                    f"and {README_END} in this file")
+    p.add_argument("--overlap-doc", default="", help=f"update the tables between "
+                   f"{OVERLAP_BEGIN} and {OVERLAP_END} in this file from overlap-n*.json")
     args = p.parse_args(argv)
     runs = load_runs(args.data)
     if not runs:
@@ -420,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(images)} plot(s) in {args.img}")
     if args.readme and update_readme(args.readme, runs):
         print(f"updated the headline in {args.readme}")
+    overlap = sorted(glob.glob(os.path.join(args.data, "overlap-n*.json")), key=ranks_of)
+    if args.overlap_doc and overlap and replace_marked(args.overlap_doc, OVERLAP_BEGIN,
+                                                       OVERLAP_END, overlap_tables(overlap)):
+        print(f"updated the tables in {args.overlap_doc}")
     return 0
 
 

@@ -23,7 +23,10 @@ UCX sees one machine and uses shared memory between the namespaces.
 
 Every object's name starts with ``mpidpc-`` (or the prefix you pass), and only
 such objects are ever deleted. `Cluster` tears everything down on exit, on an
-exception and on Ctrl-C, and cleans up what a killed run left before building.
+exception and on Ctrl-C (the command line: on SIGINT, SIGTERM and SIGHUP too),
+and cleans up what a killed run left before building. It holds a lock
+(`mpidp.cluster.lock`) while up: a second one waits, and ``down`` refuses to
+tear down a cluster a job holds unless ``--force``.
 
 Command line::
 
@@ -31,12 +34,11 @@ Command line::
     python -m mpidp.cluster bench --hosts 4 --sizes 1,16   # busbw: mpidp vs native
     python -m mpidp.cluster up --hosts 2      # leave it up; prints the mpiexec line
     python -m mpidp.cluster status
-    python -m mpidp.cluster down
+    python -m mpidp.cluster down [--force]
 """
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
 import shlex
@@ -45,6 +47,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from .lock import Lock
 
 PREFIX = "mpidpc"  # distinctive: nothing else on the machine is called this
 SUBNET = "10.77.0.0/24"
@@ -199,8 +203,10 @@ class Cluster:
         if self.delay and not netem_available():
             raise ClusterError(f"delay {self.delay} needs the netem qdisc, which this kernel "
                                "lacks (sch_netem); run without a delay")
-        os.makedirs(self.state_dir, exist_ok=True)
-        self._take_lock(lock_timeout)
+        self._lock = Lock(self.state_dir)
+        if not self._lock.take(lock_timeout):  # one cluster per prefix: a second run waits
+            raise ClusterError(f"the emulated cluster ({self.prefix}) is in use by "
+                               f"{self._lock.holder()}; waited {lock_timeout:.0f} s")
         try:
             cleanup(self.prefix)
             self._check_subnet_free()
@@ -231,7 +237,7 @@ class Cluster:
         finally:
             self.is_up = False
             if self._lock is not None:
-                self._lock.close()
+                self._lock.release()
                 self._lock = None
 
     def __enter__(self) -> Cluster:
@@ -239,22 +245,6 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.down()
-
-    def _take_lock(self, timeout: float) -> None:
-        """One cluster per prefix at a time (others' test runs wait); freed if we die."""
-        self._lock = open(os.path.join(self.state_dir, "lock"), "w")
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    self._lock.close()
-                    self._lock = None
-                    raise ClusterError(f"another emulated cluster ({self.prefix}) is in use; "
-                                       f"waited {timeout:.0f} s") from None
-                time.sleep(0.2)
 
     def _check_subnet_free(self) -> None:
         """Refuse a subnet the machine already uses: our traffic must stay ours."""

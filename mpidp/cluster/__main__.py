@@ -8,12 +8,14 @@ every rank.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
 
-from . import SUBNET, Cluster, ClusterError, available, cleanup, names
+from . import PREFIX, STATE_DIR, SUBNET, Cluster, ClusterError, available, cleanup, names
 from . import __doc__ as cluster_doc
+from .lock import Lock
 
 # ---------------------------------------------------------------- benchmark
 
@@ -104,34 +106,77 @@ def _parser() -> argparse.ArgumentParser:
     rank.add_argument("rate")
     up = sub.add_parser("up", help="build and leave up (one cluster at a time)")
     shape(up)
-    sub.add_parser("down", help="tear down everything mpidp.cluster made")
+    down = sub.add_parser("down", help="tear down everything mpidp.cluster made")
+    down.add_argument("--force", action="store_true",
+                      help="even while a job holds the cluster (that job is killed)")
     sub.add_parser("status", help="list our namespaces and links")
     return p
 
 
+class Interrupted(BaseException):
+    """A signal arrived: unwind through `with cluster`, which tears everything down."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
+
+
 def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with cluster`: torn down as on Ctrl-C
+    for s in SIGNALS:  # a second signal must not cut the teardown short
+        signal.signal(s, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _down(force: bool) -> int:
+    """Tear down, unless a job holds the cluster's lock (then only with `force`)."""
+    lock = Lock(os.path.join(STATE_DIR, PREFIX))
+    if not lock.try_take():
+        if not force:
+            print(f"mpidp.cluster: the emulated cluster is in use by {lock.holder()}; "
+                  "let that job finish or stop it, or `down --force` to end it",
+                  file=sys.stderr)
+            return 2
+        print(f"mpidp.cluster: --force: tearing down under {lock.holder()}", file=sys.stderr)
+    try:
+        gone = cleanup()
+    finally:
+        lock.release()
+    print("removed: " + (" ".join(gone) or "nothing"))
+    return 0
 
 
 def main(args: list[str] | None = None) -> int:
     a = _parser().parse_args(args)
-    signal.signal(signal.SIGTERM, _terminate)
-    if a.cmd == "bench-rank":
-        bench_rank([float(v) for v in a.sizes.split(",")], a.iters, _rate_bps(
-            None if a.rate == "none" else a.rate))
-        return 0
+    if a.cmd == "bench-rank":  # an MPI rank: an exception on one ends the job
+        from .. import watchdog
+
+        return watchdog.run(lambda: bench_rank([float(v) for v in a.sizes.split(",")], a.iters,
+                                               _rate_bps(None if a.rate == "none" else a.rate)),
+                            "mpidp.cluster bench-rank")
+    for s in SIGNALS:
+        signal.signal(s, _terminate)
+    try:
+        return _command(a)
+    except Interrupted as e:
+        print(f"mpidp.cluster: interrupted ({signal.Signals(e.signum).name}); torn down",
+              file=sys.stderr)
+        return 128 + e.signum
+
+
+def _command(a: argparse.Namespace) -> int:
     if a.cmd in ("down", "status"):
         ok, why = available()
         if not ok:
             print(f"mpidp.cluster: {why}", file=sys.stderr)
             return 2
         if a.cmd == "down":
-            gone = cleanup()
-            print("removed: " + (" ".join(gone) or "nothing"))
-        else:
-            ns, links = names()
-            print("namespaces:", " ".join(ns) or "none")
-            print("links:", " ".join(links) or "none")
+            return _down(a.force)
+        ns, links = names()
+        print("namespaces:", " ".join(ns) or "none")
+        print("links:", " ".join(links) or "none")
         return 0
     rate = None if a.rate == "none" else a.rate
     delay = None if a.delay == "none" else a.delay
@@ -139,7 +184,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if a.cmd == "up":
             cluster.up()
-            cluster._lock.close()  # leave it up for others to use by hand
+            cluster._lock.release()  # leave it up for others to use by hand
             argv = cluster.mpiexec_argv(a.hosts, ["python", "script.py"])
             print(f"{a.hosts} hosts up: {' '.join(cluster.addresses)} "
                   f"({rate or 'no rate limit'}, {delay or 'no delay'})")
@@ -164,9 +209,6 @@ def main(args: list[str] | None = None) -> int:
     except ClusterError as e:
         print(f"mpidp.cluster: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mpidp.cluster: interrupted; torn down", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from mpi4py import MPI
 
 from . import cost
 from .blocks import Blocks
-from .buffers import array_module
 from .checks import check_buffer, check_pair
 from .halving import (
     halving_scratch,
@@ -32,7 +31,7 @@ from .halving import (
     recursive_halving_reduce_scatter,
 )
 from .ops import resolve_op
-from .plan import Call, Plan, planned
+from .plan import Call, Plan, copy_rounds, no_rounds, planned
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
@@ -101,19 +100,16 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
     tag = call.tag("allreduce", buf.size, buf.dtype, op, algorithm)
     n = comm.Get_size()
-    src = None  # out of place, the algorithms read sendbuf where it is (no copy first)
-    if sendbuf is not IN_PLACE:
-        if n > 1:
-            src = sendbuf.reshape(-1)
-        else:  # one rank: no round will write recvbuf
-            array_module(buf).copyto(buf, sendbuf.reshape(-1))
+    if sendbuf is not IN_PLACE and n == 1:  # one rank: no round will write recvbuf
+        return Plan(call, copy_rounds, (buf, sendbuf.reshape(-1)), tag)
     if buf.size == 0:
-        return Plan(call, iter(()), tag)
+        return Plan(call, no_rounds, (), tag)
+    # out of place, the algorithms read sendbuf where it is (no copy first)
+    src = None if sendbuf is IN_PLACE else sendbuf.reshape(-1)
     blocks = Blocks.even(buf.size, n)
     algo, scratch_items = ALLREDUCE[algorithm]
-    pool = call.state.pool
-    tmp = pool.take(buf, scratch_items(blocks))
-    return Plan(call, algo(comm, buf, blocks, op, tmp, src), tag, lambda: pool.give(tmp), buf)
+    tmp = call.state.pool.take(buf, scratch_items(blocks))
+    return Plan(call, algo, (comm, buf, blocks, op, tmp, src), tag, None, (tmp,), buf)
 
 
 @planned
@@ -155,28 +151,27 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
     pool = call.state.pool
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
-    src = None
+    algo, scratch_items = REDUCE_SCATTER[algorithm]
     if in_place:
         work = recvbuf.reshape(-1)
+        args = (comm, work, blocks, op, pool.take(work, scratch_items(blocks)), None)
+        scratch = args[4:5]
     else:  # the partial sums need a whole vector: a pooled one, reused across calls
         work = pool.take(full, full.size)
-        if n > 1:
-            src = full.reshape(-1)  # read where it is: the algorithms never write it
-        else:
-            array_module(work).copyto(work, full.reshape(-1))
-    algo, scratch_items = REDUCE_SCATTER[algorithm]
-    tmp = pool.take(work, scratch_items(blocks))
+        tmp = pool.take(work, scratch_items(blocks))
+        # read sendbuf where it is: the algorithms never write it (one rank: a copy)
+        args = (comm, work, blocks, op, tmp, full.reshape(-1) if n > 1 else None)
+        if n == 1:
+            algo, args = copy_rounds, (work, full.reshape(-1), algo, *args)
+        scratch = (tmp, work)
 
-    def done():
+    def finish():
         mine = blocks.view(work, rank)
         if in_place and 0 < blocks.displs[rank] < mine.size:  # overlapping move to the front
             mine = mine.copy()
         out[...] = mine  # in place: moves block `rank` to the front
-        pool.give(tmp)
-        if not in_place:
-            pool.give(work)
 
-    return Plan(call, algo(comm, work, blocks, op, tmp, src), tag, done, work)
+    return Plan(call, algo, args, tag, finish, scratch, work)
 
 
 @planned
@@ -215,9 +210,10 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
     algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
     tag = call.tag("allgather", blocks.counts, buf.dtype, None, algorithm)
-    if not in_place:
-        array_module(buf).copyto(blocks.view(buf, rank), sendbuf.reshape(-1))
-    return Plan(call, ALLGATHER[algorithm](comm, buf, blocks), tag, None, buf)
+    algo, args = ALLGATHER[algorithm], (comm, buf, blocks)
+    if not in_place:  # this rank's block to its place in recvbuf, at every run
+        algo, args = copy_rounds, (blocks.view(buf, rank), sendbuf.reshape(-1), algo, *args)
+    return Plan(call, algo, args, tag, None, (), buf)
 
 
 @planned
@@ -231,7 +227,7 @@ def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     flat = buf.reshape(-1)
     algorithm = choose(comm, "bcast", flat.nbytes, algorithm)
     tag = call.tag("bcast", flat.size, flat.dtype, None, algorithm, root)
-    return Plan(call, BCAST[algorithm](comm, flat, root), tag, None, flat)
+    return Plan(call, BCAST[algorithm], (comm, flat, root), tag, None, (), flat)
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:
@@ -279,4 +275,3 @@ def bcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> None:
 def ibcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Request:
     """Start a broadcast; returns a Request."""
     return plan_bcast(comm, buf, root, algorithm, **kw).start()
-

@@ -41,6 +41,7 @@ from mpi4py import MPI
 from . import api, cost
 from .api import IN_PLACE
 from .bufspec import check_match, simple, vector
+from .persistent import Persistent
 from .plan import in_sequence
 from .schedule import Request
 from .state import state
@@ -131,6 +132,38 @@ class Comm:
         """Start a Bcast; returns a Request."""
         return self._call(self._bcast, buf, root, algorithm).start()
 
+    # ------------------------------------------------------------ persistent (MPI-4)
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
+                       algorithm=None) -> Persistent:
+        """A persistent Allreduce: ``Start()``, ``Wait()``, as often as needed; ``Free()``."""
+        return Persistent(self._call(self._allreduce, sendbuf, recvbuf, op, algorithm,
+                                     persistent=True))
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM,  # noqa: N802
+                                  info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
+        return Persistent(self._call(self._reduce_scatter_block, sendbuf, recvbuf, op,
+                                     algorithm, persistent=True))
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,  # noqa: N802
+                            info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
+        return Persistent(self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op,
+                                     algorithm, persistent=True))
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
+                       algorithm=None) -> Persistent:
+        return Persistent(self._call(self._allgather, sendbuf, recvbuf, algorithm,
+                                     persistent=True))
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
+                        algorithm=None) -> Persistent:
+        return Persistent(self._call(self._allgatherv, sendbuf, recvbuf, algorithm,
+                                     persistent=True))
+
+    def Bcast_init(self, buf, root: int = 0, info=MPI.INFO_NULL, *,  # noqa: N802
+                   algorithm=None) -> Persistent:
+        return Persistent(self._call(self._bcast, buf, root, algorithm, persistent=True))
+
     # ------------------------------------------------------------ parse, check, plan
 
     def _allreduce(self, call, sendbuf, recvbuf, op, algorithm):
@@ -208,13 +241,13 @@ class Comm:
         self._call(self._plan, api.plan_allgather, "allgather", None, IN_PLACE, counts).run()
         return counts.tolist()
 
-    def _call(self, parse, *args):
+    def _call(self, parse, *args, persistent: bool = False):
         """``parse(call, *args)`` for the next collective of the sequence (`plan.in_sequence`).
 
         The call takes its number before its arguments are parsed: one that raises
         has used it up, on this rank as on the others.
         """
-        return in_sequence(self.comm, None, self.debug, parse, *args)
+        return in_sequence(self.comm, None, self.debug, parse, *args, persistent=persistent)
 
     def _plan(self, call, plan, collective: str, algorithm, *args, **kwargs):
         """``api.plan_<collective>``'s body, for `call`, with this Comm's algorithm."""

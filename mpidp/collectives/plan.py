@@ -12,10 +12,10 @@ raises (the number stays used up, on this rank as on the others).
 
 from __future__ import annotations
 
-from .buffers import stager
+from .buffers import array_module, stager
 from .checks import agree, debug_enabled
 from .ops import Op
-from .schedule import Request, run
+from .schedule import Request, Rounds, run
 from .state import CommState, check_user_tag, signature, state
 
 
@@ -24,15 +24,22 @@ class Call:
 
     The slot is taken first, so a call that raises has used its number up on this
     rank as on the others; `end` gives the slot back when the collective is done.
+    A persistent call (``*_init``) keeps its slot and tag until it is freed.
     """
 
-    __slots__ = ("comm", "state", "slot", "user_tag", "debug")
+    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent")
 
-    def __init__(self, comm, tag: int | None, debug: bool):
-        self.comm, self.debug = comm, debug
+    def __init__(self, comm, tag: int | None, debug: bool, persistent: bool = False):
+        self.comm, self.debug, self.persistent = comm, debug, persistent
         self.state: CommState = state(comm)
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
+        if persistent and self.slot is not None:
+            try:
+                self.state.hold(self.slot)
+            except RuntimeError:
+                self.state.release(self.slot)
+                raise
 
     def tag(self, collective: str, count, dtype, op: Op | None, algorithm: str,
             root: int | None = None) -> int:
@@ -45,47 +52,77 @@ class Call:
             call = {"count": count, "dtype": dtype, "op": op and op.name,
                     "algorithm": algorithm, "root": root}
             agree(self.comm, collective, self.user_tag if self.slot is None
-                  else self.state.tag(self.slot), **{k: v for k, v in call.items()
-                                                      if v is not None})
+                  else self.state.tag(self.slot, 0, self.persistent),
+                  **{k: v for k, v in call.items() if v is not None})
         if self.slot is None:
             return self.user_tag
-        return self.state.tag(self.slot, signature(collective, count, dtype,
-                                                   op and op.name, algorithm, root))
+        return self.state.tag(self.slot, signature(collective, count, dtype, op and op.name,
+                                                   algorithm, root), self.persistent)
 
     def end(self) -> None:
         if self.slot is not None:
-            self.state.release(self.slot)
+            (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
 
 
 class Plan:
-    """A collective ready to run: its rounds, and what to do when they are done.
+    """A collective ready to run: the algorithm and its arguments, and what to do after.
 
-    `buf` (the buffer the rounds work on) decides, once, whether rounds need a
-    `buffers.Stager` (device buffers) or nothing (NumPy).
+    Args:
+        algo, args: the rounds are ``algo(*args)`` (a new generator for each run).
+        finish: called when a run completes (copy the result out), or None.
+        scratch: pooled arrays the runs use, given back when the plan is done with.
+        buf: the buffer the rounds work on; decides, once, whether rounds need a
+            `buffers.Stager` (device buffers) or nothing (NumPy).
     """
 
-    __slots__ = ("call", "rounds", "tag", "on_done", "stager")
+    __slots__ = ("call", "algo", "args", "tag", "finish", "scratch", "stager")
 
-    def __init__(self, call: Call, rounds, tag: int, on_done=None, buf=None):
-        self.call, self.rounds, self.tag, self.on_done = call, rounds, tag, on_done
+    def __init__(self, call: Call, algo, args: tuple, tag: int, finish=None, scratch=(),
+                 buf=None):
+        self.call, self.algo, self.args, self.tag = call, algo, args, tag
+        self.finish, self.scratch = finish, scratch
         self.stager = None if buf is None else stager(buf, call.state.pool)
 
-    def finish(self) -> None:
-        if self.on_done is not None:
-            self.on_done()
+    def done(self) -> None:
+        """The one run of a plan is complete: finish, give the scratch and the slot back."""
+        if self.finish is not None:
+            self.finish()
+        self.free()
+
+    def free(self) -> None:
+        for arr in self.scratch:
+            self.call.state.pool.give(arr)
+        self.scratch = ()
         self.call.end()
 
     def start(self) -> Request:
-        return Request(self.call.comm, self.rounds, self.tag, self.finish, self.stager)
+        return Request(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
 
     def run(self) -> None:
-        run(self.call.comm, self.rounds, self.tag, self.finish, self.stager)
+        run(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
 
 
-def in_sequence(comm, tag: int | None, debug: bool, body, *args, **kwargs):
+def no_rounds() -> Rounds:
+    """A collective with nothing to exchange (count 0)."""
+    yield from ()
+
+
+def copy_rounds(dst, src, algo=None, *args) -> Rounds:
+    """Copy `src` into `dst`, then the rounds of ``algo(*args)`` if any.
+
+    A copy the collective needs before its first round (one rank out of place, an
+    all-gather's own block) belongs to every run of the plan, not to planning.
+    """
+    array_module(dst).copyto(dst, src)
+    if algo is not None:
+        yield from algo(*args)
+
+
+def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: bool = False,
+                **kwargs):
     """``body(call, *args, **kwargs)`` for a new `Call`; its slot goes back if body raises."""
-    call = Call(comm, tag, debug)
+    call = Call(comm, tag, debug, persistent)
     try:
         return body(call, *args, **kwargs)
     except BaseException:
@@ -96,8 +133,9 @@ def in_sequence(comm, tag: int | None, debug: bool, body, *args, **kwargs):
 def planned(body):
     """``plan_*(comm, ..., tag=None, debug=False)`` from a body that takes a `Call` first."""
 
-    def plan(comm, *args, tag: int | None = None, debug: bool = False, **kwargs) -> Plan:
-        return in_sequence(comm, tag, debug, body, *args, **kwargs)
+    def plan(comm, *args, tag: int | None = None, debug: bool = False,
+             persistent: bool = False, **kwargs) -> Plan:
+        return in_sequence(comm, tag, debug, body, *args, persistent=persistent, **kwargs)
 
     plan.__name__, plan.__doc__, plan.body = body.__name__, body.__doc__, body
     return plan

@@ -11,15 +11,17 @@ then raises has used it up on that rank as on the others.
 
 A tag packs the slot of that number and a signature of the call (`signature`):
 
-    tag = TAG_BASE + sig·SLOTS + k mod SLOTS        sig in 1 .. sigs-1 (0: no signature)
+    tag = TAG_BASE + sig·SLOTS + k mod SLOTS        sig in 1 .. sigs/2 - 1 (0: no signature)
 
 Ranks that disagree on the count, dtype, op, root or algorithm compute different
 signatures, so their messages cannot match and no data is exchanged: the
 collective stalls (a deadline ends it) instead of returning garbage. A
-mismatch slips through only when two signatures collide, with odds 1/(sigs-1):
-1 in 65535 where the MPI library's tag bound allows it (MPICH, Open MPI), 1 in
-2 with the bound the MPI standard guarantees (32767). Tags below TAG_BASE are the
-user's own.
+mismatch slips through only when two signatures collide, with odds 1/(sigs/2 - 1):
+1 in 32767 where the MPI library's tag bound allows it (MPICH, Open MPI), 1 in
+2 with the bound the MPI standard guarantees (32767). The upper half of the
+signatures is for persistent collectives, which keep their number and tag for
+life (``*_init``), so that a collective started later with the same slot never
+meets them. Tags below TAG_BASE are the user's own.
 
 The state lives where the communicator does: as an attribute of the MPI
 communicator (two wrappers of one communicator share it; a duplicate is a new
@@ -52,8 +54,12 @@ class CommState:
         self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
         if self.sigs < 2:
             raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
+        # signatures 1 .. half-1 for collectives started once, half .. sigs-1 for persistent
+        # ones, which keep their tag for life (none where the tag bound is the minimum)
+        self.half = self.sigs // 2 if self.sigs >= 4 else self.sigs
         self.started = 0  # collectives started: the sequence
         self._busy: set[int] = set()  # slots of collectives in flight on this rank
+        self._held: set[int] = set()  # slots of this rank's persistent collectives
         self._lock = threading.Lock()  # a progress thread may start or end collectives too
 
     def take(self) -> int:
@@ -77,9 +83,27 @@ class CommState:
         """The collective that took `slot` is complete (or never started)."""
         self._busy.discard(slot)
 
-    def tag(self, slot: int, sig: int = 0) -> int:
+    def hold(self, slot: int) -> None:
+        """Keep `slot` for a persistent collective (its tags are in their own range)."""
+        with self._lock:
+            if self.half == self.sigs:
+                raise RuntimeError("the MPI tag bound leaves no room for persistent collectives")
+            if slot in self._held:
+                raise RuntimeError(f"a persistent collective created {SLOTS} collectives ago "
+                                   "still holds this tag; free (Free()) earlier ones first")
+            self._busy.discard(slot)
+            self._held.add(slot)
+
+    def unhold(self, slot: int) -> None:
+        self._held.discard(slot)
+
+    def tag(self, slot: int, sig: int = 0, persistent: bool = False) -> int:
         """The tag for `slot`, with a call signature folded in (0: none)."""
-        return TAG_BASE + (1 + sig % (self.sigs - 1) if sig else 0) * SLOTS + slot
+        if persistent:
+            index = self.half + sig % (self.sigs - self.half)
+        else:
+            index = 1 + sig % (self.half - 1) if sig else 0
+        return TAG_BASE + index * SLOTS + slot
 
     def inherit(self, parent: CommState) -> None:
         """Take over `parent`'s cost model (a duplicate of the same ranks: no new calibration)."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 class Bucket:
     """Layers whose gradients share one flat buffer and one all-reduce."""
 
-    __slots__ = ("index", "layers", "names", "flat", "pending", "request", "launched")
+    __slots__ = ("index", "layers", "names", "flat", "pending", "plan", "request", "launched")
 
     def __init__(self, index: int, layers: list[int], names: list[str], flat):
         self.index, self.layers, self.names, self.flat = index, layers, names, flat
         self.pending = len(layers)  # layers whose gradients are not written yet
-        self.request = None  # the all-reduce in flight (mpidp.Request)
+        self.plan = None  # its persistent all-reduce (mpidp.allreduce_init), made once
+        self.request = None  # the run in flight (mpidp.Request)
         self.launched = None  # perf_counter time of the last launch
 
 

@@ -7,11 +7,11 @@ step. Communication waits for compute, then compute waits for communication.
 
 `DataParallel` keeps the same two steps and removes the wait, as PyTorch DDP does. The
 gradients live in a few flat buffers, the buckets (`buckets.py`): whole layers, last
-layer first (backward's order), each closed at ``bucket_mb`` (the first at
-``first_bucket_mb``, so the first all-reduce starts early). The model calls
-``on_grad(i)`` after layer i; when a bucket's last layer is done its nonblocking
-all-reduce (average) starts, and the ones in flight are advanced with ``test()`` (a
-schedule moves on only when someone calls into it, or a progress thread does). For a
+first (backward's order), each closed at ``bucket_mb`` (the first at ``first_bucket_mb``,
+so the first all-reduce starts early). The model calls ``on_grad(i)`` after layer i;
+when a bucket's last layer is done its all-reduce (average; persistent, planned once at
+construction, `mpidp.allreduce_init`) starts, and the ones in flight are advanced with
+``test()`` (a schedule moves on only when called into, or by a progress thread). For a
 4-layer MLP with one layer per bucket (overlap=True):
 
     compute | fwd 1..4 | bwd 4 | bwd 3 | bwd 2 | bwd 1 |wait| sgd |
@@ -20,17 +20,14 @@ schedule moves on only when someone calls into it, or a progress thread does). F
     bucket2 |                          |== allreduce(W2,b2) ==|
     bucket3 |                                  |== all... ==|
 
-Every bucket is complete before `backward` returns. All ranks launch the buckets in the
-same order, so each takes the same tag of the communicator's sequence on every rank, on
-a duplicate of the user's communicator (never meeting the user's messages).
-``overlap=False`` launches them after backward; ``no_sync()`` accumulates micro-batch
-gradients locally, and the next synced backward adds its own and all-reduces the sum
-(scale dlogits by 1/A for A micro-batches, as PyTorch users divide the loss). ``zero=1``
-or ``2``: sharded data parallelism (`zero.py`).
+Every bucket is complete before `backward` returns. All ranks plan and launch the
+buckets in the same order, on a duplicate of the user's communicator (never meeting the
+user's messages). ``overlap=False`` launches them after backward; under ``no_sync()``
+gradients accumulate locally and the next synced backward all-reduces the sum (scale
+dlogits by 1/A for A micro-batches). ``zero=1|2``: sharded data parallelism (`zero.py`).
 
-Why N ranks equal one rank on the global batch: each rank's gradient is the mean over
-its b samples; the AVG of N such means over equal shards is the mean over all N·b
-samples, which is the 1-rank gradient (up to summation order).
+Why N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
+equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding).
 """
 
 from __future__ import annotations
@@ -72,8 +69,7 @@ class DataParallel:
         model: an `MLP` (anything with params, grads, layers, names(i), forward, backward).
         comm: an MPI communicator or `mpidp.Comm` (duplicated: a matching space for the
             buckets; `close` frees it), or any comm-like object (used as given).
-        bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25 and 1);
-            0 puts every layer in a bucket of its own.
+        bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25, 1); 0: one per layer.
         overlap: start each bucket's all-reduce during backward (False: after it).
         algorithm: an all-reduce name from ``mpidp.ALGORITHMS["allreduce"]``.
         progress_thread: also advance the all-reduces from a background thread.
@@ -103,6 +99,9 @@ class DataParallel:
         if debug:
             self.check_replicas()
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
+        for b in self.buckets:  # planned once: each step only starts them
+            b.plan = mp.allreduce_init(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
+                                       algorithm=algorithm)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
@@ -155,8 +154,7 @@ class DataParallel:
         self.timings = {"backward": t1 - t0, "exposed_comm": time.perf_counter() - t1,
                         "rounds_in_backward": overlapped}
 
-    def step(self) -> None:
-        """The optimizer's update: the same on every rank, from the same averaged gradients."""
+    def step(self) -> None:  # the optimizer's: the same update on every rank, no messages
         self.optimizer.step()
 
     @contextmanager
@@ -178,8 +176,8 @@ class DataParallel:
 
     def _launch(self, b: Bucket) -> None:
         b.launched = time.perf_counter()
-        b.request = mp.iallreduce(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
-                                  algorithm=self.algorithm)
+        b.plan.Start()
+        b.request = b.plan.request
         if self._thread is not None:
             self._work.set()
 
@@ -208,6 +206,8 @@ class DataParallel:
             self._work.set()
             self._thread.join()
             self._thread = None
+        for b in self.buckets:
+            b.plan.Free()
         if self._dup is not None:
             self._dup.Free()  # self.comm is now MPI.COMM_NULL: a later collective raises
             self._dup = None

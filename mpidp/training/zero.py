@@ -113,6 +113,9 @@ class ShardedDataParallel(DataParallel):
                          "auto" if auto else "ring", progress_thread, debug, None,
                          progress_interval_s, timeout)
         self.algorithm, self.zero, self.prefetch = halved, zero, prefetch
+        for b in self.buckets:  # the parent's persistent all-reduces: never started, unused
+            b.plan.Free()
+            b.plan = NO_PLAN
         xp, dtype = model.xp, next(iter(model.params.values())).dtype
         shapes = {name: p.shape for name, p in model.params.items()}
         self.layout = layout = Layout(self.buckets, shapes, self.comm.Get_size(),
@@ -124,12 +127,20 @@ class ShardedDataParallel(DataParallel):
             flat_grads = xp.zeros(layout.total, dtype=dtype)
             model.grads.update(layout.views(flat_grads))
             for b, (start, stop) in zip(self.buckets, layout.ranges, strict=True):
-                b.flat = flat_grads[start:stop]
+                b.flat = flat_grads[start:stop]  # fixed: its reduce-scatter is planned once
+                b.plan = mp.reduce_scatter_init(self.comm, mp.IN_PLACE, b.flat,
+                                                layout.blocks[b.index].counts, op=mp.AVG,
+                                                algorithm=halved["reduce_scatter"])
             self.grad_shard = flat_grads[layout.lo:layout.hi]
         else:  # no full gradient between steps: buckets are made by backward, freed after
             for b in self.buckets:
                 self._drop(b)
             self.grad_shard = xp.zeros(layout.hi - layout.lo, dtype=dtype)
+        # the parameters' all-gathers, planned once, in forward order (layer 1 first)
+        self._gather_plans = [
+            mp.allgatherv_init(self.comm, mp.IN_PLACE, self.flat_params[start:stop],
+                               layout.blocks[k].counts, algorithm=halved["allgather"])
+            for k, (start, stop) in reversed(list(enumerate(layout.ranges)))]
         mine = self.flat_params[layout.lo:layout.hi]
         self.optimizer = optimizer.like({"flat": mine}, {"flat": self.grad_shard})
         if optimizer.steps:
@@ -156,9 +167,13 @@ class ShardedDataParallel(DataParallel):
 
     def _launch(self, b) -> None:
         b.launched = time.perf_counter()
-        b.request = mp.ireduce_scatter(self.comm, mp.IN_PLACE, b.flat,
-                                       self.layout.blocks[b.index].counts, op=mp.AVG,
-                                       algorithm=self.algorithm["reduce_scatter"])
+        if b.plan is not NO_PLAN:  # stage 1
+            b.plan.Start()
+            b.request = b.plan.request
+        else:  # stage 2: a buffer of this backward's, so planned now
+            b.request = mp.ireduce_scatter(self.comm, mp.IN_PLACE, b.flat,
+                                           self.layout.blocks[b.index].counts, op=mp.AVG,
+                                           algorithm=self.algorithm["reduce_scatter"])
         if self._thread is not None:
             self._work.set()
 
@@ -202,11 +217,9 @@ class ShardedDataParallel(DataParallel):
         """Update my shard; all-gather the parameters (left running with ``prefetch``)."""
         self.wait_params()  # my shard may still be on its way to the others
         self.optimizer.step()
-        for k in range(len(self.buckets) - 1, -1, -1):  # forward order: layer 1 first
-            start, stop = self.layout.ranges[k]
-            self._gathers.append(mp.iallgather(
-                self.comm, mp.IN_PLACE, self.flat_params[start:stop],
-                self.layout.blocks[k].counts, algorithm=self.algorithm["allgather"]))
+        for plan in self._gather_plans:
+            plan.Start()
+        self._gathers = [plan.request for plan in self._gather_plans]
         if not self.prefetch:
             self.wait_params()
 
@@ -270,5 +283,17 @@ class ShardedDataParallel(DataParallel):
 
     def close(self) -> None:
         self.wait_params()
-        super().close()
+        for plan in self._gather_plans:
+            plan.Free()
+        super().close()  # frees each bucket's plan
+
+
+class _NoPlan:
+    """A stage-2 bucket's plan: none (its buffer is new every step); nothing to free."""
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+NO_PLAN = _NoPlan()
 

@@ -1,0 +1,123 @@
+"""Persistent collectives (MPI-4's ``MPI_Allreduce_init`` ...): planned once, started many times.
+
+    req = mpidp.allreduce_init(comm, x, y)      # checks, algorithm, blocks, scratch, tag
+    for step in range(steps):
+        req.Start()                             # posts the first round; nothing else to do
+        ...                                     # req.Test() between other work
+        req.Wait()
+    req.Free()                                  # scratch and tag back
+
+A persistent collective takes its number of the communicator's sequence when it
+is created and keeps it, with its tag, until `Free`: starting it never moves the
+sequence, and its tags lie in a range of their own (`state`), so a collective
+started later with the same slot never meets it. Every rank must create its
+persistent collectives in the same order, as MPI requires.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from . import api
+from .plan import Plan
+from .schedule import Request
+
+
+class Persistent:
+    """A collective planned once and started any number of times (MPI-4's ``*_init``).
+
+    Creating it does everything a call does before its first message: the checks,
+    the algorithm, the blocks, the scratch, the tag (its number of the sequence,
+    kept for life, so starting it never moves the sequence). `Start` posts the
+    first round; `Test`/`Wait` as an `mpidp.Request`; `Free` gives the scratch and
+    the tag back. Like MPI's persistent requests, a completed or never started one
+    is inactive: `Wait` returns at once and `Test` answers True.
+    """
+
+    __slots__ = ("plan", "request", "freed")
+
+    def __init__(self, plan: Plan):
+        self.plan, self.request, self.freed = plan, None, False
+
+    def Start(self) -> None:  # noqa: N802
+        if self.freed:
+            raise RuntimeError("Start of a freed persistent collective")
+        if self.request is not None and not self.request.done:
+            raise RuntimeError("Start of a persistent collective that is still active: "
+                               "complete it (Wait) first")
+        p = self.plan
+        self.request = Request(p.call.comm, p.algo(*p.args), p.tag, p.finish, p.stager)
+
+    @staticmethod
+    def Startall(requests) -> None:  # noqa: N802
+        for r in requests:
+            r.Start()
+
+    def test(self) -> bool:
+        return self.request is None or self.request.test()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self.request is not None:
+            self.request.wait(timeout)
+
+    def Test(self, status=None) -> bool:  # noqa: N802
+        return self.test()
+
+    def Wait(self, status=None) -> bool:  # noqa: N802
+        self.wait()
+        return True
+
+    def Free(self) -> None:  # noqa: N802
+        """Give the scratch and the tag back; only when it is not active."""
+        if self.request is not None and not self.request.done:
+            raise RuntimeError("Free of a persistent collective that is still active")
+        if not self.freed:
+            self.plan.free()
+            self.freed = True
+
+    @property
+    def done(self) -> bool:
+        return self.request is None or self.request.done
+
+    def __repr__(self) -> str:
+        state = "inactive" if self.done else "active"
+        return f"<mpidp persistent collective, {state}>"
+
+
+def allreduce_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
+                   **kw) -> Persistent:
+    """A persistent all-reduce: ``req.Start()``, then ``req.Wait()``, as often as needed."""
+    return Persistent(api.plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, persistent=True,
+                                     **kw))
+
+
+def reduce_scatter_init(comm, sendbuf, recvbuf, recvcounts, op=MPI.SUM,
+                        algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent reduce-scatter with per-rank counts (``MPI_Reduce_scatter_init``)."""
+    return Persistent(api.plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts, op, algorithm,
+                                          persistent=True, **kw))
+
+
+def reduce_scatter_block_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
+                              **kw) -> Persistent:
+    """A persistent reduce-scatter of equal blocks (``MPI_Reduce_scatter_block_init``)."""
+    return Persistent(api.plan_reduce_scatter(comm, sendbuf, recvbuf, None, op, algorithm,
+                                          persistent=True, **kw))
+
+
+def allgather_init(comm, sendbuf, recvbuf, algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent all-gather of equal blocks (``MPI_Allgather_init``)."""
+    return Persistent(api.plan_allgather(comm, sendbuf, recvbuf, None, None, algorithm,
+                                     persistent=True, **kw))
+
+
+def allgatherv_init(comm, sendbuf, recvbuf, recvcounts, displs=None, algorithm: str = "auto",
+                    **kw) -> Persistent:
+    """A persistent all-gather with per-rank counts (``MPI_Allgatherv_init``)."""
+    return Persistent(api.plan_allgather(comm, sendbuf, recvbuf, recvcounts, displs, algorithm,
+                                     persistent=True, **kw))
+
+
+def bcast_init(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent broadcast (``MPI_Bcast_init``)."""
+    return Persistent(api.plan_bcast(comm, buf, root, algorithm, persistent=True, **kw))

@@ -1,0 +1,370 @@
+"""Failure behaviour: a job finishes, or ends on every rank in bounded time with one clear line.
+
+Most tests here launch ``mpiexec`` themselves, since what is tested is how the
+job ends: every launch has a timeout, after which its whole process group is
+killed, so a hang fails the test instead of hanging the suite. Faults are
+injected into one rank with ``python -c`` (patch a function on that rank, then
+run the entry point with runpy, as ``python -m`` or ``python file.py`` would).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mpidp import watchdog
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TRAIN = os.path.join(ROOT, "examples", "train_mlp.py")
+HANG_S = 90  # a launch that has not ended by then hangs: the test fails
+SMALL = ["--epochs", "1", "--global-batch", "960", "--hidden", "8", "--progress", "never",
+         "--data", "synthetic"]  # no scikit-learn to import: start-up in ~1 s, not 5-10
+
+
+def mpiexec(n: int, argv: list[str], env: dict | None = None, timeout: float = HANG_S):
+    """Run `argv` as `n` ranks; (exit code or None if it hung, stdout, stderr, seconds)."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "HYDRA_", "PYTEST_ISOLATE_MPI"))}
+    cmd = [shutil.which("mpiexec"), "-n", str(n), *argv]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**clean, **(env or {})}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank it started
+        out, err = proc.communicate()
+        code = None
+    return code, out, err, time.monotonic() - t0
+
+
+def inject(fault: str, run: str) -> list[str]:
+    """``python -c``: apply `fault` (code that sees `rank`), then `run` the entry point."""
+    code = textwrap.dedent("""
+        import runpy, sys, time
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.Get_rank()
+        def boom(*args, **kwargs):
+            raise RuntimeError(f"injected fault on rank {rank}")
+        def stall(*args, **kwargs):
+            print(f"stalled on rank {rank}", flush=True)
+            time.sleep(3600)
+    """) + textwrap.dedent(fault) + "\n" + textwrap.dedent(run)
+    return [sys.executable, "-c", code]
+
+
+def report(code, out, err, seconds) -> str:
+    return f"exit {code} after {seconds:.1f} s\n--- stdout\n{out}\n--- stderr\n{err}"
+
+
+# ---------------------------------------------------------------- python -m mpidp
+
+
+SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code, message
+    "raises": ("""
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 1:
+            raise ValueError("bad input on rank 1")
+        MPI.COMM_WORLD.Barrier()
+    """, 1, "script.py failed: ValueError: bad input on rank 1"),
+    "bad buffer on one rank": ("""
+        import numpy as np, mpidp
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        x = np.ones(2000)
+        send = x[::2] if comm.rank == 1 else x[:1000]  # rank 1's is not contiguous
+        mpidp.allreduce(comm, send, np.empty(1000))  # the others wait for rank 1 in it
+    """, 1, "script.py failed: ValueError: sendbuf must be C-contiguous"),
+    "raises mid-collective": ("""
+        import numpy as np, mpidp
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        x = np.ones(1 << 16)
+        h = mpidp.iallreduce(comm, mpidp.IN_PLACE, x, algorithm="ring")
+        h.test()
+        if comm.rank == comm.size - 1:
+            raise RuntimeError("gave up mid-collective")
+        h.wait()
+    """, 1, "script.py failed: RuntimeError: gave up mid-collective"),
+    "exits 3": ("""
+        import sys
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 0:
+            sys.exit(3)
+        MPI.COMM_WORLD.Barrier()
+    """, 3, "script.py exited with status 3"),
+}
+
+
+@pytest.mark.parametrize("case, n", [("raises", 2), ("bad buffer on one rank", 3),
+                                     ("raises mid-collective", 4), ("exits 3", 3)])
+def test_the_launcher_ends_the_job_when_one_rank_fails(tmp_path, case, n):
+    body, exit_code, message = SCRIPTS[case]
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    code, out, err, seconds = mpiexec(n, [sys.executable, "-m", "mpidp", str(script)])
+    assert code is not None, "the job hung\n" + report(code, out, err, seconds)
+    assert code == exit_code, report(code, out, err, seconds)
+    assert message in err and "aborting the job" in err, report(code, out, err, seconds)
+    assert seconds < 60, report(code, out, err, seconds)
+
+
+def test_the_launcher_runs_a_script_or_a_module_as_python_would(tmp_path):
+    program = ("import sys\nfrom mpi4py import MPI\n"
+               "with open(f'{sys.argv[1]}/rank{MPI.COMM_WORLD.rank}', 'w') as f:\n"
+               "    f.write(repr([__name__, *sys.argv[2:]]))\n")
+    (tmp_path / "prog.py").write_text(program)
+    for name, how in (("script", [str(tmp_path / "prog.py")]), ("module", ["-m", "prog"])):
+        out = tmp_path / name
+        out.mkdir()
+        code, stdout, err, seconds = mpiexec(2, [sys.executable, "-m", "mpidp", *how, str(out),
+                                                 "a", "-b"], env={"PYTHONPATH": str(tmp_path)})
+        assert code == 0, report(code, stdout, err, seconds)
+        for rank in (0, 1):
+            assert (out / f"rank{rank}").read_text() == "['__main__', 'a', '-b']", how
+    usage = subprocess.run([sys.executable, "-m", "mpidp"], capture_output=True, text=True,
+                           timeout=60)
+    assert usage.returncode == 2 and "usage: python -m mpidp" in usage.stderr
+
+
+# ---------------------------------------------------------------- the shipped entry points
+
+
+ENTRY_POINTS = {  # entry point -> (fault on rank 1, how it is run)
+    "train_mlp.py": ("""
+        if rank == 1:  # the others wait for it in the first broadcast
+            from mpidp.training import ddp
+            ddp.DataParallel.__init__ = boom
+    """, f"""
+        sys.argv = [{TRAIN!r}, *{SMALL!r}]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """),
+    "dropin.py": ("""
+        import mpidp
+        if rank == 1:
+            mpidp.Comm = boom  # after the native half has run
+    """, """
+        sys.argv = ["examples/dropin.py"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """),
+    "ring_walkthrough.py": ("""
+        import mpidp.collectives.schedule as schedule
+        if rank == 1:
+            schedule.exchange = boom
+    """, """
+        sys.argv = ["examples/ring_walkthrough.py"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """),
+    "python -m mpidp.bench": ("""
+        import mpidp.bench.collectives as bench
+        if rank == 1:
+            bench.sweep = boom
+    """, """
+        sys.argv = ["mpidp.bench", "collectives", "--max", "64", "--iters", "1"]
+        runpy.run_module("mpidp.bench", run_name="__main__", alter_sys=True)
+    """),
+    "python -m mpidp.cluster": ("""
+        import mpidp.collectives.api as api
+        if rank == 1:
+            api.allreduce = boom
+    """, """
+        sys.argv = ["mpidp.cluster", "bench-rank", "0.01", "1", "none"]
+        runpy.run_module("mpidp.cluster", run_name="__main__", alter_sys=True)
+    """),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_every_entry_point_ends_the_job_when_one_rank_raises(entry):
+    fault, run = ENTRY_POINTS[entry]
+    code, out, err, seconds = mpiexec(2, inject(fault, run))
+    assert code is not None, "the job hung\n" + report(code, out, err, seconds)
+    assert code == 1, report(code, out, err, seconds)
+    assert "mpidp: rank 1 of 2: " in err and "RuntimeError: injected fault on rank 1" in err, \
+        report(code, out, err, seconds)
+
+
+def test_every_example_ends_the_job_on_an_exception():
+    """gpu_check.py needs a GPU to get past its first line: at least check it is wired."""
+    for name in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        if name.endswith(".py"):
+            text = open(os.path.join(ROOT, "examples", name)).read()
+            assert "sys.exit(watchdog.run(main" in text.split('if __name__ == "__main__":')[1], \
+                name
+
+
+# ---------------------------------------------------------------- the trainer's flags
+
+
+def trainer():
+    spec = importlib.util.spec_from_file_location("train_mlp", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BAD_FLAGS = {  # flags -> what the one line says
+    "--epochs -1": "argument --epochs: must be >= 1, got -1",
+    "--epochs 0": "argument --epochs: must be >= 1, got 0",
+    "--global-batch 0": "argument --global-batch: must be >= 1, got 0",
+    "--global-batch -64": "argument --global-batch: must be >= 1, got -64",
+    "--accum-steps 0": "argument --accum-steps: must be >= 1, got 0",
+    "--global-batch 255 --accum-steps 2": "not a multiple of ranks x accum steps = 1 x 2",
+    "--global-batch 100000": "exceeds the",
+    "--lr 0": "argument --lr: must be > 0",
+    "--lr nan": "argument --lr: must be > 0",
+    "--hidden 128,x": "argument --hidden: expected numbers such as 128,64, got '128,x'",
+    "--hidden 0": "argument --hidden: every number must be >= 1",
+    "--bucket-mb -1": "argument --bucket-mb: must be >= 0",
+    "--resume": "--resume needs --checkpoint FILE",
+    "--epochs two": "argument --epochs: invalid int value: 'two'",
+}
+
+
+def exit_code_of_main(argv: list[str]) -> int:
+    """main()'s return value, or the code of the SystemExit every rank raises."""
+    try:
+        return trainer().main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("flags", sorted(BAD_FLAGS))
+def test_bad_flags_are_one_line_and_exit_code_2_before_any_work(flags, capsys, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    code = exit_code_of_main([*flags.split(), "--metrics", str(metrics), "--progress", "never",
+                              "--data", "synthetic"])
+    out, err = capsys.readouterr()
+    assert code == 2, (code, out, err)
+    assert err.startswith("train_mlp.py: error: ") and len(err.splitlines()) == 1, err
+    assert BAD_FLAGS[flags] in err, err
+    assert out == "" and not metrics.exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
+def test_a_bad_mpidp_timeout_is_a_clear_error(value, monkeypatch, capsys):
+    with pytest.raises(ValueError, match=rf"MPIDP_TIMEOUT='{value}': expected a finite number"):
+        monkeypatch.setenv("MPIDP_TIMEOUT", value)
+        watchdog.timeout_from_env()
+    assert trainer().main([*SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_mlp.py: error: MPIDP_TIMEOUT=") and len(err.splitlines()) == 1
+    for bad in (math.nan, math.inf, -1.0, 0):
+        with pytest.raises(ValueError, match="finite number of seconds > 0"):
+            with watchdog.guard(bad):
+                pass
+        with pytest.raises(ValueError, match="finite number of seconds > 0"):
+            watchdog.wait(None, bad)
+    monkeypatch.setenv("MPIDP_TIMEOUT", " 2.5 ")
+    assert watchdog.timeout_from_env() == 2.5
+
+
+@pytest.mark.parametrize("flag, n", [("--metrics", 2), ("--trace", 3), ("--checkpoint", 4)])
+def test_an_unwritable_output_path_ends_every_rank_at_once(tmp_path, flag, n):
+    """The issue's hang: rank 0 failed to open --metrics outside any deadline."""
+    path = str(tmp_path / "nodir" / "out")
+    code, out, err, seconds = mpiexec(n, [sys.executable, TRAIN, *SMALL, flag, path])
+    assert code == 2, report(code, out, err, seconds)
+    assert err.strip() == f"train_mlp.py: error: {flag} {path}: there is no folder " \
+                          f"{os.path.dirname(path)}", report(code, out, err, seconds)
+    assert "epoch" not in out  # before any training
+
+
+def test_an_existing_checkpoint_is_refused_on_every_rank(tmp_path):
+    ck = tmp_path / "ck.npz"
+    ck.write_bytes(b"three epochs of work")
+    code, out, err, seconds = mpiexec(3, [sys.executable, TRAIN, *SMALL, "--checkpoint", str(ck)])
+    assert code == 2, report(code, out, err, seconds)
+    assert err.strip() == (f"train_mlp.py: error: --checkpoint {ck} exists: pass --resume to "
+                           "continue from it, or --overwrite to replace it"), err
+    assert ck.read_bytes() == b"three epochs of work"
+
+
+# ---------------------------------------------------------------- the default deadline
+
+
+STALLS = {  # where one rank stalls -> the fault
+    "initial broadcast": "from mpidp.training import ddp; ddp.DataParallel.__init__ = stall",
+    "a step": "from mpidp.training import optim; optim.SGD.step = stall",
+    "checkpoint write": "from mpidp.training import checkpoint; checkpoint.save = stall",
+    "trace gather": "from mpidp import trace; trace.Tracer.write = stall",
+    "close": "from mpidp.training import ddp; ddp.DataParallel.close = stall",
+}
+
+
+@pytest.mark.parametrize("where", sorted(STALLS))
+def test_the_trainer_has_a_default_deadline_for_everything_collective(where, tmp_path):
+    """No MPIDP_TIMEOUT: a rank stuck anywhere ends the job, by the default deadline
+    (its floor made 10 s for start-up and 3 s after it here, so that the test is quick)."""
+    staller = 0 if where == "checkpoint write" else 1  # rank 0 writes the checkpoints
+    fault = f"""
+        from mpidp import watchdog
+        watchdog.DEFAULT_FLOOR_S = 10.0  # start-up's deadline
+        kick = watchdog.Dog.kick
+        def kick_with_a_short_floor(self):
+            self.floor = 3.0  # after start-up: the test's own
+            kick(self)
+        watchdog.Dog.kick = kick_with_a_short_floor
+        if rank == {staller}:
+            {STALLS[where]}
+    """
+    flags = [*SMALL, "--checkpoint", str(tmp_path / "ck.npz"), "--trace",
+             str(tmp_path / "trace.json")]
+    run = f"""
+        sys.argv = [{TRAIN!r}, *{flags!r}]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+    code, out, err, seconds = mpiexec(2, inject(fault, run), env={"MPIDP_TIMEOUT": ""},
+                                      timeout=60)
+    assert code == watchdog.EXIT_TIMEOUT, report(code, out, err, seconds)
+    assert f"stalled on rank {staller}" in out, report(code, out, err, seconds)
+    floor = 10 if where == "initial broadcast" else 3
+    assert f"training made no progress for {floor} s (the default deadline" in err, \
+        report(code, out, err, seconds)
+
+
+def test_the_default_deadline_grows_with_the_longest_stretch_between_kicks(monkeypatch):
+    monkeypatch.setattr(watchdog, "abort", lambda *a, **k: pytest.fail("aborted"))
+    dog = watchdog.Dog("auto", "test", None, floor=0.5, factor=2)
+    try:
+        assert dog.timeout == 0.5
+        time.sleep(0.4)
+        dog.kick()
+        assert dog.timeout == 0.5  # the first stretch (start-up) is the floor's alone
+        time.sleep(0.1)
+        dog.kick()
+        assert dog.timeout == 0.5  # 2 x 0.1 s is under the floor
+        time.sleep(0.4)
+        dog.kick()
+        assert 0.8 <= dog.timeout < 1.5  # 2 x the longest stretch
+        dog.kick()
+        assert 0.8 <= dog.timeout < 1.5  # a short stretch does not shrink it
+    finally:
+        dog.stop()
+    assert watchdog.DEFAULT_FLOOR_S == 60 and watchdog.DEFAULT_FACTOR == 10  # as documented
+
+
+def test_mpidp_timeout_replaces_the_default_after_start_up(monkeypatch):
+    monkeypatch.setattr(watchdog, "abort", lambda *a, **k: pytest.fail("aborted"))
+    monkeypatch.setenv("MPIDP_TIMEOUT", "5")
+    with watchdog.guard("auto", "test") as dog:
+        assert dog.allowed == watchdog.DEFAULT_FLOOR_S  # start-up: one-off work, the floor
+        dog.kick()
+        assert dog.allowed == 5.0  # each stretch after it: MPIDP_TIMEOUT's, fixed
+    monkeypatch.setenv("MPIDP_TIMEOUT", "600")
+    with watchdog.guard("auto", "test") as dog:
+        assert dog.allowed == 600.0
+    with watchdog.guard(7, "test") as dog:  # a number: every stretch, start-up included
+        assert dog.allowed == 7.0
+
