@@ -360,7 +360,8 @@ def test_the_trainer_shards_resumes_across_stages_and_reports_memory(mpi_ranks, 
               "--progress", "never"]
     whole, part = f"{shared_dir}/whole.npz", f"{shared_dir}/part.npz"
     metrics = f"{shared_dir}/metrics.jsonl"
-    main(common + ["--zero", "2", "--checkpoint", whole, "--metrics", metrics])
+    trace = f"{shared_dir}/trace.json"
+    main(common + ["--zero", "2", "--checkpoint", whole, "--metrics", metrics, "--trace", trace])
     main(common + ["--zero", "2", "--checkpoint", part, "--max-steps", "3"])  # mid-epoch 1
     comm.Barrier()
     # stage 1 resumes stage 2's checkpoint: the same reductions, so the same bits
@@ -372,6 +373,8 @@ def test_the_trainer_shards_resumes_across_stages_and_reports_memory(mpi_ranks, 
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
     if comm.Get_rank() == 0:
+        names = {e["name"] for e in json.load(open(trace))["traceEvents"]}
+        assert {"reduce_scatter bucket 0", "reduce_scatter bucket 1", "adam"} <= names
         rows = [json.loads(line) for line in open(metrics)]
         P = 64 * 32 + 32 + 32 * 10 + 10
         for r in rows:

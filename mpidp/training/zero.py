@@ -50,6 +50,7 @@ Training Trillion Parameter Models", SC 2020.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from .. import collectives as mp
 from .ddp import DataParallel
@@ -58,6 +59,7 @@ from .shards import Layout, shard_state, unshard_state
 # an all-reduce name -> its two halves, (reduce-scatter, all-gather)
 HALVES = {"auto": ("auto", "auto"), "ring": ("ring", "ring"),
           "rabenseifner": ("recursive_halving", "recursive_doubling")}
+NO_PLAN = SimpleNamespace(Free=lambda: None)  # a stage-2 bucket's: its buffer is new each step
 
 
 def halves(algorithm) -> dict:
@@ -92,6 +94,8 @@ class ShardedDataParallel(DataParallel):
     Attributes: ``flat_params`` (``model.params`` are views of it), ``grad_shard``
     (this rank's averaged gradients), ``optimizer`` (the shard's), ``layout``.
     """
+
+    bucket_collective = "reduce_scatter"  # what a trace calls each bucket's collective
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  overlap: bool = True, algorithm="auto", progress_thread: bool = False,
@@ -286,14 +290,3 @@ class ShardedDataParallel(DataParallel):
         for plan in self._gather_plans:
             plan.Free()
         super().close()  # frees each bucket's plan
-
-
-class _NoPlan:
-    """A stage-2 bucket's plan: none (its buffer is new every step); nothing to free."""
-
-    def Free(self) -> None:  # noqa: N802
-        pass
-
-
-NO_PLAN = _NoPlan()
-
