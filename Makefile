@@ -21,7 +21,7 @@ PIP_MPI :=
 endif
 STAMP := $(VENV)/.installed-$(MPI)
 
-.PHONY: setup test demo walkthrough lint bench dropin gpu-check clean
+.PHONY: setup test demo walkthrough lint bench dropin gpu-check zero-table clean
 
 setup: $(STAMP)
 
@@ -77,6 +77,16 @@ bench: $(STAMP)
 	done
 	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
 	  --readme README.md --overlap-doc docs/overlap.md --note "$(BENCH_NOTE)"
+
+# `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
+# then the tables in docs/zero.md from them.
+zero-table: ZERO_RANKS ?= 1 2 3 4 5 6 7 8
+zero-table: $(STAMP)
+	mkdir -p docs/bench
+	for n in $(ZERO_RANKS); do \
+	  mpiexec -n $$n $(PY) -m mpidp.bench zero --timing --json docs/bench/zero-n$$n.json || exit 1; \
+	done
+	$(PY) -m mpidp.bench zero --report docs/bench --doc docs/zero.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@
     mpiexec -n 4 python examples/train_mlp.py --hidden 256,128 --no-overlap --trace run.json
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
+    mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
@@ -34,7 +35,10 @@ from mpidp import cli, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
 from mpidp.training.checkpoint import CheckpointError
+from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
+from mpidp.training.optim import OPTIMIZERS
+from mpidp.training.zero import HALVES
 
 PROG = "train_mlp.py"
 
@@ -46,9 +50,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = cli.Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=count, default=12)
     p.add_argument("--global-batch", type=count, default=64, help="samples per step, all ranks")
-    p.add_argument("--lr", type=positive, default=0.05)
-    p.add_argument("--momentum", type=nonnegative, default=0.9)
-    p.add_argument("--weight-decay", type=nonnegative, default=1e-4)
+    p.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS))
+    p.add_argument("--lr", type=positive, default=None,
+                   help=f"learning rate (default: {DEFAULT_LR})")
+    p.add_argument("--momentum", type=nonnegative, default=0.9, help="SGD's")
+    p.add_argument("--beta1", type=nonnegative, default=0.9, help="Adam's and AdamW's, < 1")
+    p.add_argument("--beta2", type=nonnegative, default=0.999, help="Adam's and AdamW's, < 1")
+    p.add_argument("--eps", type=nonnegative, default=1e-8, help="Adam's and AdamW's")
+    p.add_argument("--weight-decay", type=nonnegative, default=1e-4,
+                   help="L2 (SGD, Adam) or decoupled (AdamW)")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
+                   help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too")
     p.add_argument("--hidden", type=cli.counts, default="128,64",
                    help="hidden widths, e.g. 128,64")
     p.add_argument("--activation", default="relu", choices=["relu", "tanh"])
@@ -81,7 +93,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint FILE")
+    if args.beta1 >= 1 or args.beta2 >= 1:
+        p.error(f"--beta1 {args.beta1}, --beta2 {args.beta2}: each must be below 1")
+    if args.zero and args.algorithm not in HALVES:
+        p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
+                f"one of {', '.join(HALVES)}")
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
     return args
+
+
+DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
+
+
+def make_optimizer(args: argparse.Namespace, model):
+    """The optimizer the flags ask for, on the model's dicts (DataParallel shards it)."""
+    if args.optimizer == "sgd":
+        return SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    return OPTIMIZERS[args.optimizer](model.params, model.grads, args.lr,
+                                      (args.beta1, args.beta2), args.eps, args.weight_decay)
 
 
 def check_outputs(args: argparse.Namespace) -> str | None:
@@ -179,7 +209,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         problem = problem or f"--global-batch: {e}"
     sizes = [ds.features, *args.hidden, ds.classes]
     model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
-    opt = SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    opt = make_optimizer(args, model)
     run_state = {"seed": args.seed, "global_batch": args.global_batch,
                  "accum_steps": args.accum_steps}
     start_epoch, start_step = 0, 0
@@ -191,9 +221,12 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     cli.agree(comm, problem, PROG)  # nothing has been trained or written yet
     tracer = Tracer(rank) if args.trace else None
     ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
-                       args.algorithm, args.progress_thread, args.debug, tracer)
+                       args.algorithm, args.progress_thread, args.debug, tracer,
+                       zero=args.zero, optimizer=opt)
+    opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
     if rank == 0:
         print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
+              f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
               f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
@@ -208,9 +241,12 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         tracer.reset_clock()
 
     def save(epoch: int, step: int) -> None:
-        if args.checkpoint and rank == 0:
-            checkpoint.save(args.checkpoint, model, opt, {**run_state, "epoch": epoch,
-                                                          "step": step})
+        if not args.checkpoint:
+            return
+        whole = ddp.full_optimizer() if args.zero else opt  # gathered: collective
+        if rank == 0:
+            checkpoint.save(args.checkpoint, model, whole, {**run_state, "epoch": epoch,
+                                                            "step": step})
 
     A, stop = args.accum_steps, False
     for epoch in range(start_epoch, args.epochs):
@@ -221,7 +257,11 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         bar = Progress(args.progress if rank == 0 else "never", sampler.steps_per_epoch,
                        f"epoch {epoch + 1}")
         t_epoch = time.perf_counter()
+        peak = None  # bytes at the epoch's last step: model states + what it allocates
         for step in range(first, sampler.steps_per_epoch):
+            last = step == sampler.steps_per_epoch - 1 and args.device == "cpu"
+            held = model_state_bytes(ddp)["total"] if last else 0
+            measured = StepPeak().start() if last else None  # tracemalloc: host arrays
             for a in range(A):
                 idx = xp.asarray(batches[step, a])
                 x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
@@ -236,10 +276,12 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                 stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
                               t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
             t2 = time.perf_counter()
-            opt.step()
+            ddp.step()
+            if measured is not None:
+                peak = held + measured.stop()
             dog.kick()
             if tracer is not None:
-                tracer.add("sgd", t2, time.perf_counter(), "optimizer")
+                tracer.add(args.optimizer, t2, time.perf_counter(), "optimizer")
             stats[6] += 1
             if args.debug:
                 ddp.check_replicas()
@@ -265,7 +307,10 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                "train_acc": train_ok / max(seen, 1), "test_acc": test_ok / max(test_n, 1),
                "samples_per_s": seen / elapsed, "forward_ms": fwd * per_step,
                "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
-               "epoch_s": elapsed, "ranks": size}
+               "epoch_s": elapsed, "ranks": size, "zero": args.zero,
+               "memory_bytes": model_state_bytes(ddp)["total"]}
+        if peak is not None:  # absent on a GPU: tracemalloc does not see CuPy's memory
+            row["peak_memory_bytes"] = peak
         if rank == 0:
             print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  "
                   f"train {row['train_acc']:.4f}  test {row['test_acc']:.4f}  "

@@ -12,6 +12,15 @@ __version__ = "0.1.0"
 __all__ = [*_collectives_all]
 
 # The trainer (training imports collectives, never the reverse).
-from .training import MLP, SGD, DataParallel, softmax_cross_entropy  # noqa: E402
+from .training import (  # noqa: E402
+    MLP,
+    SGD,
+    Adam,
+    AdamW,
+    DataParallel,
+    ShardedDataParallel,
+    softmax_cross_entropy,
+)
 
-__all__ += ["DataParallel", "MLP", "SGD", "softmax_cross_entropy"]
+__all__ += ["Adam", "AdamW", "DataParallel", "MLP", "SGD", "ShardedDataParallel",
+            "softmax_cross_entropy"]

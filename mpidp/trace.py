@@ -22,7 +22,7 @@ from contextlib import contextmanager
 COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
 COMM = 1
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
-          "wait": "#c44e52", "optimizer": "#8172b3"}
+          "reduce_scatter": "#64b5cd", "wait": "#c44e52", "optimizer": "#8172b3"}
 
 
 class Tracer:
@@ -89,10 +89,11 @@ class Tracer:
             if ddp.timings["exposed_comm"] or any(b.request for b in ddp.buckets):
                 t1 = ddp.t_backward + ddp.timings["backward"]
                 self.add("wait", t1, t1 + ddp.timings["exposed_comm"], "wait")
+            what = getattr(ddp, "bucket_collective", "allreduce")  # ZeRO: reduce_scatter
             for row in ddp.bucket_times():
                 t0 = ddp.t_backward
-                self.add(f"allreduce bucket {row['bucket']}", t0 + row["launch"],
-                         t0 + row["complete"], "allreduce", tid=COMM + row["bucket"],
+                self.add(f"{what} bucket {row['bucket']}", t0 + row["launch"],
+                         t0 + row["complete"], what, tid=COMM + row["bucket"],
                          bytes=row["bytes"])
 
         ddp.forward, ddp.on_grad, ddp.backward = traced_forward, traced_on_grad, traced_backward

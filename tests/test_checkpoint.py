@@ -203,7 +203,10 @@ BROKEN = {  # what is changed -> what the error says
     "sizes missing": (lambda a: a.pop("sizes"), "sizes missing"),
     "activation missing": (lambda a: a.pop("activation"), "activation missing"),
     "dtype missing": (lambda a: a.pop("dtype"), "dtype missing"),
-    "format version": (lambda a: a.update({"format": np.array(2)}), "format 2"),
+    "format version": (lambda a: a.update({"format": np.array(3)}), "format 3"),
+    "optimizer missing": (lambda a: a.pop("optimizer"), "optimizer missing"),
+    "another optimizer": (lambda a: a.update({"optimizer": np.array("adam")}),
+                          "optimizer adam vs sgd"),
     "pickled velocity": (lambda a: a.update({"optim/velocity/W1": np.array([{}], object)}),
                          "Python objects"),
 }

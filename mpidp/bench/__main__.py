@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "overlap": "mpidp.bench.overlap",  # trainer: compute only / serial / overlapped steps
     "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
     "guard": "mpidp.bench.guard",  # what the tag signature and MPIDP_DEBUG=1 cost per call
+    "zero": "mpidp.bench.zero",  # memory per rank under ZeRO stages 0, 1, 2; prefetch timing
 }
 
 

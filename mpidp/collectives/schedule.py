@@ -167,6 +167,9 @@ class Request:
             self.completed_at = time.perf_counter()
             if self._on_done is not None:
                 self._on_done()
+            # a completed request pins no buffer: its generator, callback and stager
+            # reference the caller's arrays, which may be freed now (ZeRO stage 2's buckets)
+            self._rounds = self._on_done = self._stager = None
             return
         self.rounds += 1
         fill = None

@@ -3,9 +3,15 @@
 Contents (every entry a plain array, so loading never unpickles):
 
     format, sizes, activation, dtype      what model this is
+    optimizer                             sgd, adam or adamw (format 2; format 1: sgd)
     param/W1, param/b1, ...               the parameters, by their stable names
-    optim/steps, optim/velocity/W1, ...   the optimizer state
+    optim/steps, optim/velocity/W1, ...   the optimizer state (Adam: optim/exp_avg/W1,
+                                          optim/exp_avg_sq/W1, ...), whole, by name
     state/epoch, state/step, ...          integers: where training stands, the data-order seed
+
+The layout does not depend on the rank count or the ZeRO stage: a sharded run
+saves ``ddp.full_optimizer()``, every rank's shard gathered, so a checkpoint of
+any run loads into any other (`zero.py` takes each rank's shard on load).
 
 Rank 0 writes to a temporary file beside the target, fsyncs it, renames it
 over the target and fsyncs the folder: a crash leaves the old checkpoint or the
@@ -29,7 +35,8 @@ import numpy as np
 
 from ..collectives.buffers import as_host
 
-FORMAT = 1
+FORMAT = 2  # 2: the optimizer's name; format 1 files (SGD) still load
+READABLE = (1, 2)
 MAX_HEADER = 4096  # bytes; numpy writes 128-byte .npy headers for arrays like ours
 MAX_SCALAR = 1024  # bytes of a whole entry holding a number, a name or the layer sizes
 
@@ -41,7 +48,8 @@ class CheckpointError(Exception):
 def save(path: str, model, optimizer, state: dict) -> None:
     """Write `path` atomically. `state`: integers such as epoch, step, seed, global_batch."""
     arrays = {"format": np.array(FORMAT), "sizes": np.array(model.sizes, dtype=np.int64),
-              "activation": np.array(model.activation), "dtype": np.array(str(model.dtype))}
+              "activation": np.array(model.activation), "dtype": np.array(str(model.dtype)),
+              "optimizer": np.array(optimizer.name)}
     arrays.update({f"param/{k}": as_host(p) for k, p in model.params.items()})
     arrays.update({f"optim/{k}": as_host(v) if hasattr(v, "dtype") else np.array(v)
                    for k, v in optimizer.state_dict().items()})
@@ -122,15 +130,16 @@ def _array(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> np.ndarray:
     return a
 
 
-def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> None:
+def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> int:
     info = entries.get("format")
     if info is None or info.file_size > MAX_SCALAR:
         raise CheckpointError(f"{path}: not an mpidp checkpoint (no format entry)")
     shape, dtype = _header(z, info, path)
     version = _array(z, info, path)
-    if shape != () or dtype.kind not in "iu" or int(version) != FORMAT:
+    if shape != () or dtype.kind not in "iu" or int(version) not in READABLE:
         raise CheckpointError(f"{path}: checkpoint format {version.tolist()}; this mpidp "
-                              f"reads format {FORMAT}")
+                              f"reads formats {READABLE}")
+    return int(version)
 
 
 def read(path: str) -> dict:
@@ -157,9 +166,11 @@ def _small(z: zipfile.ZipFile, entries: dict, name: str, path: str) -> np.ndarra
     return _array(z, info, path)
 
 
-def _check_model(z: zipfile.ZipFile, entries: dict, path: str, model) -> None:
-    """Layer sizes, activation and dtype, compared before anything else is read."""
-    got = {k: _small(z, entries, k, path) for k in ("sizes", "activation", "dtype")}
+def _check_model(z: zipfile.ZipFile, entries: dict, path: str, model, optimizer,
+                 version: int) -> None:
+    """Layer sizes, activation, dtype and optimizer, compared before anything else is read."""
+    names = ("sizes", "activation", "dtype", "optimizer")[:3 if version == 1 else 4]
+    got = {k: _small(z, entries, k, path) for k in names}
     missing = [k for k, v in got.items() if v is None]
     if missing:
         raise CheckpointError(f"{path}: not a whole checkpoint ({', '.join(missing)} missing)")
@@ -170,6 +181,9 @@ def _check_model(z: zipfile.ZipFile, entries: dict, path: str, model) -> None:
         mismatch.append(f"activation {got['activation']} vs {model.activation}")
     if str(got["dtype"]) != str(model.dtype):
         mismatch.append(f"dtype {got['dtype']} vs {model.dtype}")
+    saved, mine = str(got.get("optimizer", "sgd")), getattr(optimizer, "name", "sgd")
+    if saved != mine:  # format 1 held SGD's state only
+        mismatch.append(f"optimizer {saved} vs {mine}")
     if mismatch:
         raise CheckpointError(f"{path} is for a different model: " + "; ".join(mismatch))
 
@@ -210,12 +224,13 @@ def load(path: str, model, optimizer, state_keys=None) -> dict:
     """
     with _open(path) as z:
         entries = _entries(z, path)
-        _check_format(z, entries, path)
-        _check_model(z, entries, path, model)
+        version = _check_format(z, entries, path)
+        _check_model(z, entries, path, model, optimizer, version)
         steps = _small(z, entries, "optim/steps", path)  # what the optimizer holds depends on it
         steps = int(steps) if steps is not None and steps.shape == () else 0
         expect = _expected(entries, model, optimizer, steps, state_keys)
-        expect.update({k: None for k in ("format", "sizes", "activation", "dtype")})  # checked
+        checked = ("format", "sizes", "activation", "dtype", "optimizer")[:4 + (version > 1)]
+        expect.update({k: None for k in checked})
         problems = [f"{k}: missing" for k in expect if k not in entries]
         problems += [f"{k}: not expected" for k in entries if k not in expect]
         for name in sorted(set(entries) & set(expect)):

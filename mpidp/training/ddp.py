@@ -1,21 +1,18 @@
 """Data parallelism: the article's version first, then buckets overlapped with backward.
 
-`NaiveDataParallel` is data parallelism as the article starts from it: every
-replica starts from rank 0's weights; after the whole backward pass, each
-layer's gradients are averaged across the ranks, one all-reduce per layer, and
-only then may the optimizer step. Communication waits for compute, then compute
-waits for communication.
+`NaiveDataParallel` is data parallelism as the article starts from it: every replica
+starts from rank 0's weights; after the whole backward pass, each layer's gradients are
+averaged across the ranks, one all-reduce per layer, and only then may the optimizer
+step. Communication waits for compute, then compute waits for communication.
 
-`DataParallel` keeps the same two steps and removes the wait, as PyTorch DDP does.
-The gradients live in a few flat buffers, the buckets (`buckets.py`), whole
-layers in the order backward produces them, last layer first, each closed once
-it reaches ``bucket_mb`` (the first at ``first_bucket_mb``, small, so the first
-all-reduce starts early). The model calls ``on_grad(i)`` after layer i; when a
-bucket's last layer is done its all-reduce (average; persistent, planned once
-at construction, `mpidp.allreduce_init`) is started, and
-the ones in flight are advanced with ``test()``, since a schedule moves to its
-next round only when someone calls into it (or an optional progress thread
-does). For a 4-layer MLP with one layer per bucket (overlap=True):
+`DataParallel` keeps the same two steps and removes the wait, as PyTorch DDP does. The
+gradients live in a few flat buffers, the buckets (`buckets.py`): whole layers, last
+first (backward's order), each closed at ``bucket_mb`` (the first at ``first_bucket_mb``,
+so the first all-reduce starts early). The model calls ``on_grad(i)`` after layer i;
+when a bucket's last layer is done its all-reduce (average; persistent, planned once at
+construction, `mpidp.allreduce_init`) starts, and the ones in flight are advanced with
+``test()`` (a schedule moves on only when called into, or by a progress thread). For a
+4-layer MLP with one layer per bucket (overlap=True):
 
     compute | fwd 1..4 | bwd 4 | bwd 3 | bwd 2 | bwd 1 |wait| sgd |
     bucket0 |          |       |== allreduce(W4,b4) ==|
@@ -23,17 +20,14 @@ does). For a 4-layer MLP with one layer per bucket (overlap=True):
     bucket2 |                          |== allreduce(W2,b2) ==|
     bucket3 |                                  |== all... ==|
 
-Every bucket is complete before `backward` returns. All ranks launch the
-buckets in the same order, so each takes the same tag of the communicator's
-sequence on every rank, on a duplicate of the user's communicator (the buckets
-never meet the user's own messages). ``overlap=False`` launches them all after
-backward; ``no_sync()`` accumulates micro-batch gradients locally, and the next
-synced backward adds its own and all-reduces the sum (scale dlogits by 1/A for A
-micro-batches, as PyTorch users divide the loss).
+Every bucket is complete before `backward` returns. All ranks plan and launch the
+buckets in the same order, on a duplicate of the user's communicator (never meeting the
+user's messages). ``overlap=False`` launches them after backward; under ``no_sync()``
+gradients accumulate locally and the next synced backward all-reduces the sum (scale
+dlogits by 1/A for A micro-batches). ``zero=1|2``: sharded data parallelism (`zero.py`).
 
-Why N ranks equal one rank on the global batch: each rank's gradient is the mean
-over its b samples; the AVG of N such means over equal shards is the mean over
-all N·b samples, which is the 1-rank gradient (up to summation order).
+Why N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
+equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding).
 """
 
 from __future__ import annotations
@@ -73,23 +67,26 @@ class DataParallel:
 
     Args:
         model: an `MLP` (anything with params, grads, layers, names(i), forward, backward).
-        comm: an MPI communicator or `mpidp.Comm` (duplicated: the buckets get their own
-            matching space; `close` frees it), or any object with its point-to-point
-            methods (used as given).
-        bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25 and 1);
-            0 puts every layer in a bucket of its own.
+        comm: an MPI communicator or `mpidp.Comm` (duplicated: a matching space for the
+            buckets; `close` frees it), or any comm-like object (used as given).
+        bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25, 1); 0: one per layer.
         overlap: start each bucket's all-reduce during backward (False: after it).
         algorithm: an all-reduce name from ``mpidp.ALGORITHMS["allreduce"]``.
         progress_thread: also advance the all-reduces from a background thread.
         debug: check after the broadcast that every rank holds the same parameters.
         tracer: a `mpidp.trace.Tracer` that records layers and buckets.
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
+        optimizer, zero: what `step()` runs; zero=1|2 makes a `zero.ShardedDataParallel`.
     """
+
+    def __new__(cls, *args, zero: int = 0, **kw):  # zero=1|2: the subclass's __init__ runs
+        from .zero import ShardedDataParallel
+        return super().__new__(ShardedDataParallel if zero and cls is DataParallel else cls)
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  overlap: bool = True, algorithm: str = "auto", progress_thread: bool = False,
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
-                 timeout: float | None = None):
+                 timeout: float | None = None, *, optimizer=None, zero: int = 0):
         mp.check_algorithm("allreduce", algorithm)
         for name, p in model.params.items():  # before any message: plain floats only
             mp.check_buffer(p, f"parameter {name!r}", writable=True)
@@ -97,6 +94,7 @@ class DataParallel:
         self._dup = mp.duplicate(comm, with_model=algorithm == "auto")
         self.comm = comm if self._dup is None else self._dup
         self.model, self.overlap, self.algorithm, self.timeout = model, overlap, algorithm, timeout
+        self.optimizer, self.zero = optimizer, zero
         replicate(model, self.comm)
         if debug:
             self.check_replicas()
@@ -155,6 +153,9 @@ class DataParallel:
         self._micro = 0
         self.timings = {"backward": t1 - t0, "exposed_comm": time.perf_counter() - t1,
                         "rounds_in_backward": overlapped}
+
+    def step(self) -> None:  # the optimizer's: the same update on every rank, no messages
+        self.optimizer.step()
 
     @contextmanager
     def no_sync(self):

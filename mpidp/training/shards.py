@@ -1,0 +1,117 @@
+"""Where each rank's shard lies in the flat vector of all parameters, and where buckets meet it.
+
+The parameters (and the gradients) are laid end to end in bucket order, last
+layer first, as backward produces them: bucket k is the slice
+``[start_k, stop_k)``. The flat vector of P items is cut into N shards by the
+`Blocks` rules (sizes differ by at most one, any N, any P); rank r owns shard r.
+A bucket may straddle shard edges. Example, P = 45, N = 4 (one column per item):
+
+    flat   |W3 b3|    W2 b2     |         W1 b1         |
+    bucket |  0  |      1       |           2           |
+    shard  |  rank 0   | rank 1   | rank 2   | rank 3   |
+
+    bucket edges 0, 6, 21, 45
+    shards Blocks.even(45, 4) = (12, 11, 11, 11), edges 0, 12, 23, 34, 45
+    bucket 0 = [0, 6):    counts (6, 0, 0, 0)
+    bucket 1 = [6, 21):   counts (6, 9, 0, 0)
+    bucket 2 = [21, 45):  counts (0, 2, 11, 11)
+
+A bucket's per-rank counts are the sizes of its pieces inside each shard; they
+tile the bucket in rank order, so a reduce-scatter with these counts leaves each
+rank exactly its shard's part of the bucket, and an all-gather with them puts
+every part back (`MPI_Reduce_scatter` / `MPI_Allgatherv` counts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives as mp
+from ..collectives.blocks import Blocks
+from ..collectives.buffers import array_module
+
+
+class Layout:
+    """Offsets of the named arrays in the flat vector, the shards, and each bucket's counts.
+
+    Args:
+        buckets: `Bucket`s with ``names`` (in the order they lie in the flat vector).
+        shapes: name -> shape of every parameter.
+        n, rank: the ranks that share the vector, and this one.
+    """
+
+    def __init__(self, buckets, shapes: dict, n: int, rank: int):
+        self.shapes = dict(shapes)
+        self.offsets: dict[str, tuple[int, int]] = {}  # name -> [start, stop) in the flat vector
+        self.ranges: list[tuple[int, int]] = []  # bucket -> [start, stop)
+        at = 0
+        for b in buckets:
+            start = at
+            for name in b.names:
+                size = int(np.prod(self.shapes[name], dtype=np.int64))
+                self.offsets[name] = (at, at + size)
+                at += size
+            self.ranges.append((start, at))
+        self.total, self.n, self.rank = at, n, rank
+        self.shards = Blocks.even(at, n)
+        self.lo = self.shards.displs[rank]
+        self.hi = self.lo + self.shards.counts[rank]
+        self.blocks = [self._cut(start, stop) for start, stop in self.ranges]
+
+    def _cut(self, start: int, stop: int) -> Blocks:
+        """Per-rank counts of [start, stop): its overlap with each shard."""
+        counts = []
+        for r in range(self.n):
+            lo = self.shards.displs[r]
+            hi = lo + self.shards.counts[r]
+            counts.append(max(0, min(hi, stop) - max(lo, start)))
+        return Blocks(counts)
+
+    def mine(self, k: int) -> tuple[int, int, int]:
+        """Bucket k's part in my shard: (offset in the bucket, offset in the shard, count)."""
+        blocks = self.blocks[k]
+        in_bucket = blocks.displs[self.rank]
+        return in_bucket, self.ranges[k][0] + in_bucket - self.lo, blocks.counts[self.rank]
+
+    def flatten(self, arrays: dict, xp, dtype):
+        """One new flat vector holding `arrays` (name -> array) at their offsets."""
+        flat = xp.empty(self.total, dtype=dtype)
+        for name, (start, stop) in self.offsets.items():
+            flat[start:stop] = arrays[name].reshape(-1)
+        return flat
+
+    def views(self, flat, names=None, at: int = 0) -> dict:
+        """name -> the view of `flat` that holds it, in its shape (no copy).
+
+        `flat` may be a piece of the flat vector that starts at item `at` (a bucket)
+        and holds `names`.
+        """
+        return {name: flat[self.offsets[name][0] - at:self.offsets[name][1] - at]
+                .reshape(self.shapes[name]) for name in (names or self.offsets)}
+
+    def gather(self, comm, shard, algorithm: str = "auto"):
+        """A new flat vector from every rank's `shard` (collective: an all-gather)."""
+        flat = array_module(shard).empty(self.total, dtype=shard.dtype)
+        flat[self.lo:self.hi] = shard
+        mp.allgather(comm, mp.IN_PLACE, flat, self.shards.counts, algorithm=algorithm)
+        return flat
+
+
+def shard_state(layout: Layout, state: dict, xp, dtype) -> dict:
+    """An optimizer `state_dict()` by parameter name -> the same for this rank's shard, "flat"."""
+    out = {"steps": state["steps"]}
+    kinds = sorted({k.split("/", 1)[0] for k in state if k != "steps"})
+    for kind in kinds:
+        arrays = {name: xp.asarray(state[f"{kind}/{name}"]) for name in layout.offsets}
+        out[f"{kind}/flat"] = layout.flatten(arrays, xp, dtype)[layout.lo:layout.hi].copy()
+    return out
+
+
+def unshard_state(layout: Layout, comm, state: dict, algorithm: str = "auto") -> dict:
+    """A shard's optimizer `state_dict()` ("flat") -> the whole one, by name (collective)."""
+    out = {"steps": state["steps"]}
+    for key in sorted(k for k in state if k != "steps"):  # the same order on every rank
+        kind = key.split("/", 1)[0]
+        full = layout.gather(comm, state[key], algorithm)
+        out.update({f"{kind}/{name}": v for name, v in layout.views(full).items()})
+    return out
