@@ -153,9 +153,11 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
             blocks of ``recvbuf.size`` items (``MPI_Reduce_scatter_block``; with
             IN_PLACE, ``recvbuf.size / N``).
         sendbuf: the whole vector, or IN_PLACE: the vector is in recvbuf, and the
-            result is written to its start, as in MPI. Out of place, the partial
-            sums go to a pooled work vector (MPI forbids writing sendbuf), and
-            sendbuf is read where it is, not copied.
+            result is written to its start, as in MPI. The partial sums go to a
+            pooled work vector, and the input is read where it is, not copied:
+            MPI forbids writing sendbuf, and in place the rest of recvbuf, past
+            this rank's block, keeps what it held (as MPICH and Open MPI mostly
+            leave it, and programs rely on; docs/dropin.md).
     """
     op = resolve_op(op)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -180,28 +182,23 @@ def plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
     algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
     if debug:
         _agree(comm, "reduce_scatter", tag, blocks.counts, full.dtype, op, algorithm)
+    if in_place and n == 1:  # the vector is its own result, where it is
+        return Plan(comm, iter(()), tag)
     pool = POOL if pool is None else pool
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
+    work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
     src = None
-    if in_place:
-        work = recvbuf.reshape(-1)
-    else:  # the partial sums need a whole vector: a pooled one, reused across calls
-        work = pool.take(full, full.size)
-        if n > 1:
-            src = full.reshape(-1)  # read where it is: the algorithms never write it
-        else:
-            array_module(work).copyto(work, full.reshape(-1))
+    if n > 1:
+        src = full.reshape(-1)  # read where it is: the algorithms never write it
+    else:
+        array_module(work).copyto(work, full.reshape(-1))
     algo, scratch_items = REDUCE_SCATTER[algorithm]
     tmp = pool.take(work, scratch_items(blocks))
 
     def done():
-        mine = blocks.view(work, rank)
-        if in_place and 0 < blocks.displs[rank] < mine.size:  # overlapping move to the front
-            mine = mine.copy()
-        out[...] = mine  # in place: moves block `rank` to the front
+        out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
         pool.give(tmp)
-        if not in_place:
-            pool.give(work)
+        pool.give(work)
 
     sync(work)
     return Plan(comm, algo(comm, work, blocks, op, tmp, src), tag, done, _mode(work))
