@@ -47,32 +47,81 @@ from .bufspec import check_match, in_place, simple, vector
 from .schedule import waitall
 
 
+class RequestError(MPI.Exception):
+    """What `Request.Cancel` and `Request.Free` raise: an ``MPI.Exception``
+    (``MPI.ERR_REQUEST``), the type MPICH and Open MPI raise there, saying why."""
+
+    def __init__(self, message: str):
+        super().__init__(MPI.ERR_REQUEST)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.message!r})"
+
+
 class Request:
     """A nonblocking mpidp collective, with the methods of an mpi4py ``MPI.Request``.
 
     ``MPI.Request.Waitall`` and the other functions of mpi4py itself do not accept
-    it (they need a real MPI request); use `Request.Waitall`, `Request.Testall`
-    or `mpidp.waitall`. The lower-case ``test()``/``wait()`` are `Handle`'s, so
-    `mpidp.waitall` and `mpidp.testall` take these requests too.
+    it (they need a real MPI request); use `Request.Waitall`, `Request.Testall`,
+    `Request.Waitany`, ... or `mpidp.waitall`, which take mpi4py's requests too. The
+    lower-case ``test()``/``wait()`` are `Handle`'s, so `mpidp.waitall` and
+    `mpidp.testall` take these requests too.
+
+    As an MPI request becomes ``MPI.REQUEST_NULL`` once a call has reported it
+    complete, this one then becomes inactive: false as a bool, ``Wait()`` and
+    ``Test()`` return True at once, and ``Waitany`` and the like skip it.
     """
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "_active")
 
     def __init__(self, handle):
         self.handle = handle  # the Handle driving the collective (`.rounds`, `.done`)
+        self._active = True  # not yet reported complete (MPI: not yet REQUEST_NULL)
 
     def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
         """Make progress without blocking; True when the collective is complete."""
-        return self.handle.test()
+        if self.handle.test():
+            self._active = False
+            return True
+        return False
 
     def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
         """Block until the collective is complete; returns True, as mpi4py's does."""
         self.handle.wait()
+        self._active = False
         return True
 
     def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """True if the collective is complete (it makes progress, like MPI's)."""
+        """True if the collective is complete (it makes progress, like MPI's);
+        the request stays active, as MPI's does."""
         return self.handle.test()
+
+    def Cancel(self) -> None:  # noqa: N802
+        """Refused: MPI does not allow cancelling a collective (MPICH and Open MPI raise too)."""
+        raise RequestError("an mpidp collective cannot be cancelled (nor can an MPI "
+                           "collective); complete it with Wait() or Test()")
+
+    def Free(self) -> None:  # noqa: N802
+        """Release a completed request; refused while the collective is in flight.
+
+        An mpidp collective advances only when its request is tested: freed, it would
+        never finish, and the other ranks would wait for it forever. Like MPI, this
+        refuses a request already released (by Free, Wait or a Test that returned True).
+        """
+        if not self._active:
+            raise RequestError("this mpidp request was already completed and released "
+                               "(an MPI request would be MPI.REQUEST_NULL)")
+        if not self.handle.test():
+            raise RequestError("an mpidp collective in flight cannot be freed: it advances "
+                               "only when tested; Wait() for it, then free it")
+        self._active = False
+
+    def __bool__(self) -> bool:
+        return self._active
 
     def test(self) -> bool:
         return self.handle.test()
@@ -100,6 +149,51 @@ class Request:
     def Testall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
         """Advance every request once; True if all are complete."""
         return all([r.Test() for r in requests])
+
+    @staticmethod
+    def Waitany(requests: Sequence, status: MPI.Status | None = None) -> int:  # noqa: N802
+        """Complete one active request of the list; return its index, or ``MPI.UNDEFINED``
+        if none is active. With mpidp requests in it, the list is polled (see Waitall)."""
+        if not any(isinstance(r, Request) for r in requests):
+            return MPI.Request.Waitany(requests, status)
+        while True:
+            index, flag = Request.Testany(requests, status)
+            if flag:
+                return index
+            os.sched_yield()
+
+    @staticmethod
+    def Testany(requests: Sequence, status: MPI.Status | None = None) -> tuple[int, bool]:  # noqa: N802
+        """Advance the active requests in order until one completes: ``(index, True)``;
+        ``(MPI.UNDEFINED, True)`` if none is active, ``(MPI.UNDEFINED, False)`` if none is done."""
+        if not any(isinstance(r, Request) for r in requests):
+            return MPI.Request.Testany(requests, status)
+        active = [i for i, r in enumerate(requests) if r]  # REQUEST_NULL and reported: False
+        for i in active:
+            if requests[i].Test(status):
+                return i, True
+        return MPI.UNDEFINED, not active
+
+    @staticmethod
+    def Waitsome(requests: Sequence, statuses=None) -> list[int] | None:  # noqa: N802
+        """Complete at least one active request; the indices of those completed (None if
+        none is active)."""
+        if not any(isinstance(r, Request) for r in requests):
+            return MPI.Request.Waitsome(requests, statuses)
+        while True:
+            done = Request.Testsome(requests)
+            if done is None or done:
+                return done
+            os.sched_yield()
+
+    @staticmethod
+    def Testsome(requests: Sequence, statuses=None) -> list[int] | None:  # noqa: N802
+        """Advance every active request once; the indices of those completed (None if none
+        is active)."""
+        if not any(isinstance(r, Request) for r in requests):
+            return MPI.Request.Testsome(requests, statuses)
+        active = [i for i, r in enumerate(requests) if r]
+        return [i for i in active if requests[i].Test()] if active else None
 
     def __repr__(self) -> str:
         return f"<mpidp.Request {'done' if self.handle.done else 'pending'}>"
