@@ -3,7 +3,8 @@
 Each test builds a `mpidp.cluster.Cluster` (network namespaces, a bridge, veth
 links with a tbf rate limit), launches this file as the rank program with the
 mpich wheel's mpiexec, and tears everything down. They need root and iproute2;
-elsewhere they skip with the reason. Run by hand::
+elsewhere they skip with the reason, as the launching ones do under Open MPI
+(``make test MPI=openmpi``): they pass Hydra's options. Run by hand::
 
     python -m mpidp.cluster run --hosts 4 -- python tests/test_cluster.py collectives
 """
@@ -28,8 +29,16 @@ BIG = 1 << 20  # float64 items: an 8 MiB all-reduce for the traffic checks
 WATCHDOG_S = 5.0
 
 # this file is also the rank program (run as __main__): no probing there
-OK, WHY = (True, "") if __name__ == "__main__" else cluster.available()
+if __name__ == "__main__":
+    OK, WHY, OPEN_MPI = True, "", False
+else:
+    from mpi4py import MPI
+
+    OK, WHY = cluster.available()
+    OPEN_MPI = "Open MPI" in MPI.Get_library_version()
 needs_cluster = pytest.mark.skipif(not OK, reason=WHY)
+needs_hydra = pytest.mark.skipif(OPEN_MPI, reason="launches ranks with MPICH's Hydra options "
+                                 "(-launcher ssh, -hosts, -genv); this MPI library is Open MPI")
 
 
 # ---------------------------------------------------------------- the rank programs
@@ -147,6 +156,7 @@ def _clean() -> None:
 
 
 @needs_cluster
+@needs_hydra
 @pytest.mark.parametrize("hosts, ppn", [(2, 1), (4, 1), (2, 2)])
 def test_collectives_across_hosts_match_native_and_cross_the_links(hosts, ppn):
     with cluster.Cluster(hosts, rate="1gbit") as c:
@@ -185,6 +195,7 @@ def _wait_for(predicate, seconds: float) -> bool:
 
 
 @needs_cluster
+@needs_hydra
 def test_a_host_cut_off_mid_collective_ends_every_rank(tmp_path):
     hosts = 4
     with cluster.Cluster(hosts, rate="1gbit") as c:
@@ -214,6 +225,7 @@ def test_a_host_cut_off_mid_collective_ends_every_rank(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
 @pytest.mark.parametrize("cleanup", ["hydra", "watchdog"])
 def test_a_rank_killed_mid_collective_ends_every_rank(tmp_path, cleanup):
     """Hydra's default kills the job when a rank dies; without it, the watchdog does."""
@@ -239,6 +251,7 @@ def test_a_rank_killed_mid_collective_ends_every_rank(tmp_path, cleanup):
 
 
 @needs_cluster
+@needs_hydra
 def test_training_with_a_host_cut_off_ends_every_rank(tmp_path):
     """examples/train_mlp.py under MPIDP_TIMEOUT: a link lost mid-training ends the job
     with the watchdog's message, within a bounded time, and leaves no process behind."""
@@ -268,6 +281,7 @@ def test_training_with_a_host_cut_off_ends_every_rank(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
 def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
     """Kill a rank mid-training across hosts; resuming from the last checkpoint ends
     with bitwise the same parameters as a run that was never interrupted."""
@@ -307,6 +321,7 @@ def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
 def test_ctrl_c_tears_down():
     cmd = [sys.executable, "-m", "mpidp.cluster", "run", "--hosts", "2", "--", "sleep", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -322,6 +337,7 @@ def test_ctrl_c_tears_down():
 
 
 @needs_cluster
+@needs_hydra
 def test_a_killed_run_is_cleaned_up_by_the_next():
     cmd = [sys.executable, "-m", "mpidp.cluster", "run", "--hosts", "2", "--", "sleep", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import array
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -458,13 +457,11 @@ def test_everything_else_is_the_wrapped_communicators(mpi_ranks):
     assert tags == (set(range(base, base + 9)) if n > 1 else set())
 
 
-def test_dropin_example_agrees_with_the_mpi_library():
+def test_dropin_example_agrees_with_the_mpi_library(mpiexec):
     """examples/dropin.py under mpiexec -n 4: native and mpidp results, and their agreement."""
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
-                           + os.environ.get("PATH", ""))
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ISOLATE_MPI_IS_FORKED"}
     result = subprocess.run(
-        [mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],
+        [*mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
