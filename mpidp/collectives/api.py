@@ -260,6 +260,8 @@ def plan_bcast(comm, buf, root: int = 0, algorithm: str = "auto", *,
     algorithm = choose(comm, "bcast", flat.nbytes, algorithm)
     if debug:
         _agree(comm, "bcast", tag, flat.size, flat.dtype, algorithm, root)
+    if algorithm == "scatter_allgather" and not getattr(flat.flags, "writeable", True):
+        flat = flat.copy()  # root's read-only buf (MPI allows it): the ring writes it back
     sync(flat)
     return Plan(comm, BCAST[algorithm](comm, flat, root), tag, None, _mode(flat))
 
