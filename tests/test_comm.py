@@ -5,20 +5,20 @@ oracle), then on ``mpidp.Comm(MPI.COMM_WORLD, algorithm=...)`` for every algorit
 that `mpidp.ALGORITHMS` lists for the collective, read when the test runs. The
 user's buffers, send and receive, padding included, must come out identical.
 Data are small integers (in every dtype), so sums and products are exact and
-the order in which an algorithm combines them cannot change a bit.
+the order in which an algorithm combines them cannot change a bit. The body is
+tests/differential.py; here it sweeps dtypes, ops, counts and algorithms on 1-8
+ranks, and test_dropin.py sweeps the buffer kinds.
 """
 
 from __future__ import annotations
 
-import array
 import os
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from differential import FORMS, Case, check_against_native, results, run_case
 from mpi4py import MPI
 
 import mpidp
@@ -26,232 +26,6 @@ from mpidp.collectives.comm import Request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 mpi_1_to_8 = pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=120)
-
-PAD = 2  # items of padding around the data in the count/displacement forms
-SENTINEL = 77  # initial value of everything a collective must not (or did not yet) write
-FORMS = ("array", "typed", "count", "displ", "displ4", "memoryview", "array.array",
-         "bytes", "fortran", "code")
-
-
-# ---------------------------------------------------------------- the shared body
-
-@dataclass
-class Case:
-    collective: str  # Allreduce, Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast
-    count: int  # items per rank (Allreduce: the vector; *scatter*/Allgather: one block)
-    dtype: str = "f8"
-    op: str = "SUM"  # the name of an MPI.Op
-    form: str = "array"
-    in_place: bool = False
-    mode: str = "blocking"  # or "Wait": the I-form, then Wait(); "Test": poll Test()
-    root: int = 0
-    seed: int = 0
-    layout: str = "packed"  # Allgatherv recvbuf spec; Reduce_scatter: "given"/"gathered"
-    request: object = None  # mode "start": the request of the I-form
-
-    @property
-    def mpi_op(self) -> MPI.Op:
-        return getattr(MPI, self.op)
-
-    def __str__(self) -> str:
-        return (f"{self.collective}(count={self.count}, {self.dtype}, {self.op}, form={self.form}, "
-                f"in_place={self.in_place}, {self.mode}, root={self.root}, {self.layout})")
-
-
-def values(case: Case, count: int, rank: int, salt: int = 0) -> np.ndarray:
-    """This rank's input: small integers, so every reduction is exact in every dtype."""
-    rng = np.random.default_rng([case.seed, rank, salt])
-    dtype = np.dtype(case.dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, count).astype(bool)
-    if case.op in ("LAND", "LOR", "LXOR"):
-        v = rng.integers(0, 3, count)  # zeros matter to logical ops
-    elif case.op in ("BAND", "BOR", "BXOR"):
-        v = rng.integers(0, 128, count)
-    elif case.op == "PROD":
-        v = rng.choice([1, 2] if dtype.kind == "u" else [1, -1, 2], count)
-    else:
-        v = rng.integers(0 if dtype.kind == "u" else -50, 50, count)
-    if dtype.kind == "c":
-        imag = rng.choice([0, 1], count) if case.op == "PROD" else rng.integers(-5, 5, count)
-        v = v + 1j * imag
-    return v.astype(dtype)
-
-
-def make(form: str, data: np.ndarray, count: int | None = None):
-    """A buffer spec of `form` holding `data`; returns (spec, the user's object behind it).
-
-    `count` is the count the spec states, where it states one (per block for an
-    Allgather recvbuf or a Reduce_scatter_block sendbuf; default: all of data).
-    """
-    count = data.size if count is None else count
-    mpi_type = MPI.Datatype.fromcode(data.dtype.char)  # MPI.DOUBLE, ...
-    pad = np.full(PAD, SENTINEL).astype(data.dtype)
-    if form == "typed":
-        return [data, mpi_type], data
-    if form == "code":
-        return [data, mpi_type.tocode()], data
-    if form == "count":  # the buffer is longer than the message
-        buf = np.concatenate([data, pad])
-        return [buf, count, mpi_type], buf
-    if form in ("displ", "displ4"):  # the message starts PAD items into the buffer
-        buf = np.concatenate([pad, data, pad])
-        return ([buf, (count, PAD), mpi_type] if form == "displ" else
-                [buf, count, PAD, mpi_type]), buf
-    if form == "memoryview":
-        return memoryview(data), data
-    if form == "array.array" and data.dtype.char in "bBhHiIlLqQfd":
-        buf = array.array(data.dtype.char, data.tobytes())
-        return buf, buf
-    if form == "bytes":  # raw bytes, reinterpreted through the datatype, as MPI does
-        buf = data.view(np.uint8)
-        return [buf, mpi_type], buf
-    if form == "fortran" and data.size % 2 == 0:
-        buf = np.empty((2, data.size // 2), data.dtype, order="F")
-        buf.reshape(-1, order="F")[...] = data
-        return buf, buf
-    return data, data
-
-
-def snap(obj, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """A copy of (part of) a user's buffer object, in memory order."""
-    return np.asarray(memoryview(obj)).reshape(-1, order="A")[start:stop].copy()
-
-
-def results(outputs: list[tuple]) -> list[np.ndarray]:
-    return [snap(*output) for output in outputs]
-
-
-def call(comm, case: Case, *args, **kwargs) -> None:
-    """The blocking collective, or its I-form completed by Wait() or by polling Test()."""
-    name = case.collective
-    if case.mode == "blocking":
-        getattr(comm, name)(*args, **kwargs)
-        return
-    request = getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)
-    if case.mode == "start":  # the caller completes it
-        case.request = request
-    elif case.mode == "Wait":
-        assert request.Wait() is True
-    else:
-        while not request.Test():
-            pass
-
-
-def run_case(comm, case: Case) -> list[tuple]:
-    """THE test body: run `case` on `comm`; return its user buffers, as (obj, start, stop).
-
-    `results` turns them into arrays once the collective is complete.
-    """
-    n, rank = comm.Get_size(), comm.Get_rank()
-    k, dtype = case.count, np.dtype(case.dtype)
-    empty = lambda size: np.full(size, SENTINEL).astype(dtype)  # noqa: E731
-    c = case.collective
-    if c == "Allreduce":
-        data = values(case, k, rank)
-        if case.in_place:
-            spec, buf = make(case.form, data)
-            call(comm, case, MPI.IN_PLACE, spec, op=case.mpi_op)
-            return [(buf, 0, None)]
-        sspec, sbuf = make(case.form, data)
-        rspec, rbuf = make(case.form, empty(k))
-        call(comm, case, sspec, rspec, op=case.mpi_op)
-        return [(sbuf, 0, None), (rbuf, 0, None)]
-    if c == "Reduce_scatter_block":
-        data = values(case, n * k, rank)
-        if case.in_place:  # result: the first k items; the rest is MPI's scratch
-            spec, buf = make(case.form, data, count=k)
-            call(comm, case, MPI.IN_PLACE, spec, op=case.mpi_op)
-            start = PAD if case.form.startswith("displ") else 0
-            return [(buf, start, start + k)]
-        sspec, sbuf = make(case.form, data, count=k)
-        rspec, rbuf = make(case.form, empty(k))
-        call(comm, case, sspec, rspec, op=case.mpi_op)
-        return [(sbuf, 0, None), (rbuf, 0, None)]
-    if c == "Reduce_scatter":
-        counts = [(r * 5 + k) % (k + 2) for r in range(n)]  # uneven, some zero
-        data = values(case, sum(counts), rank)
-        given = counts if case.layout == "given" or case.in_place else None
-        if case.in_place:
-            spec, buf = make(case.form, data)
-            call(comm, case, MPI.IN_PLACE, spec, given, op=case.mpi_op)
-            start = PAD if case.form.startswith("displ") else 0
-            return [(buf, start, start + counts[rank])]
-        sspec, sbuf = make(case.form, data)
-        rspec, rbuf = make(case.form, empty(counts[rank]))
-        call(comm, case, sspec, rspec, given, op=case.mpi_op)
-        return [(sbuf, 0, None), (rbuf, 0, None)]
-    if c == "Allgather":
-        if case.in_place:
-            full = empty(n * k)
-            full[rank * k : (rank + 1) * k] = values(case, k, rank)
-            spec, buf = make(case.form, full, count=k)
-            call(comm, case, MPI.IN_PLACE, spec)
-            return [(buf, 0, None)]
-        sspec, sbuf = make(case.form, values(case, k, rank))
-        rspec, rbuf = make(case.form, empty(n * k), count=k)
-        call(comm, case, sspec, rspec)
-        return [(sbuf, 0, None), (rbuf, 0, None)]
-    if c == "Allgatherv":
-        return run_allgatherv(comm, case)
-    if c == "Bcast":
-        data = values(case, k, case.root) if rank == case.root else empty(k)
-        spec, buf = make(case.form, data)
-        call(comm, case, spec, root=case.root)
-        return [(buf, 0, None)]
-    raise AssertionError(c)
-
-
-def run_allgatherv(comm, case: Case) -> list[tuple]:
-    """Allgatherv with the recvbuf spec forms of mpi4py's message_vector."""
-    n, rank = comm.Get_size(), comm.Get_rank()
-    k, dtype = case.count, np.dtype(case.dtype)
-    mpi_type = MPI.Datatype.fromcode(dtype.char)
-    counts = [(r * 3 + k) % (k + 2) for r in range(n)]  # uneven, some zero
-    if case.layout in ("equal", "strided"):
-        counts = [k] * n
-    displs = [sum(counts[:r]) for r in range(n)]
-    if case.layout == "reversed":  # blocks in reverse rank order, with gaps
-        displs = [sum(c + 1 for c in counts[r + 1 :]) for r in range(n)]
-    if case.layout == "strided":
-        displs = [(k + 1) * r for r in range(n)]
-    if case.layout == "inferred":  # no counts: mpi4py splits the buffer evenly
-        base, extra = divmod(n * k + n // 2, n)
-        counts = [base + (r < extra) for r in range(n)]
-        displs = [sum(counts[:r]) for r in range(n)]
-    size = max((d + c for d, c in zip(displs, counts, strict=True)), default=0) + PAD
-    recv = np.full(size, SENTINEL).astype(dtype)
-    mine = values(case, counts[rank], rank)
-    if case.in_place:
-        recv[displs[rank] : displs[rank] + counts[rank]] = mine
-    spec = {
-        "packed": [recv, counts, mpi_type],
-        "listed": [recv, counts, displs, mpi_type],
-        "reversed": [recv, (counts, displs), mpi_type],
-        "untyped": [recv, (counts, displs)],
-        "equal": [recv, k, mpi_type],
-        "strided": [recv, (k, k + 1), mpi_type],
-        "inferred": recv[: sum(counts)],
-    }[case.layout]
-    send = MPI.IN_PLACE if case.in_place else make(case.form, mine)[0]
-    call(comm, case, send, spec)
-    return [(recv, 0, None), (mine, 0, None)]
-
-
-def check_against_native(cases: list[Case], algorithm_key: str, all_algorithms=()) -> None:
-    """Run every case on the native comm, then on mpidp.Comm with each algorithm; compare."""
-    world = MPI.COMM_WORLD
-    for i, case in enumerate(cases):
-        case.seed = i
-        expected = results(run_case(world, case))
-        names = mpidp.ALGORITHMS[algorithm_key] if i in all_algorithms else ("auto",)
-        for name in names:
-            got = results(run_case(mpidp.Comm(world, algorithm={algorithm_key: name}), case))
-            for g, e in zip(got, expected, strict=True):
-                assert g.dtype == e.dtype and np.array_equal(g, e), (
-                    f"rank {world.Get_rank()} of {world.Get_size()}, algorithm {name!r}, "
-                    f"{case}:\n mpidp  {g}\n native {e}")
-
 
 # every (dtype, op) pair MPI defines, once each
 DTYPE_OPS = [
@@ -347,7 +121,7 @@ def test_many_nonblocking_collectives_in_flight(mpi_ranks):
              Case("Reduce_scatter", 3, layout="given")]
     for i, case in enumerate(cases):
         case.seed = i
-    expected = [results(run_case(world, case)) for case in cases]
+    expected = [results(run_case(world, case), case) for case in cases]
     for algorithm in ("auto", "ring"):
         for waiter in ("Request.Waitall", "mpidp.waitall", "mixed", "Test"):
             comm = mpidp.Comm(world, algorithm=algorithm)
@@ -371,7 +145,7 @@ def test_many_nonblocking_collectives_in_flight(mpi_ranks):
                 assert inbox[0] == (rank - 1) % n
             assert all(r.Test() for r in requests) and all(r.Wait() for r in requests)
             for case, output, want in zip(cases, outputs, expected, strict=True):
-                for g, e in zip(results(output), want, strict=True):
+                for (g, _), (e, _) in zip(results(output, case), want, strict=True):
                     assert np.array_equal(g, e), (algorithm, waiter, str(case), g, e)
 
 
@@ -462,13 +236,11 @@ def test_everything_else_is_the_wrapped_communicators(mpi_ranks, no_debug_check)
     spy.comm.Free()
 
 
-def test_dropin_example_agrees_with_the_mpi_library():
+def test_dropin_example_agrees_with_the_mpi_library(mpiexec):
     """examples/dropin.py under mpiexec -n 4: native and mpidp results, and their agreement."""
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
-                           + os.environ.get("PATH", ""))
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ISOLATE_MPI_IS_FORKED"}
     result = subprocess.run(
-        [mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],
+        [*mpiexec, "-n", "4", sys.executable, os.path.join(ROOT, "examples", "dropin.py")],
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from . import cost
 from .blocks import Blocks
+from .buffers import array_module
 from .checks import check_buffer, check_pair
 from .direct import direct_allreduce, direct_scratch
 from .halving import (
@@ -124,9 +125,11 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
             blocks of ``recvbuf.size`` items (``MPI_Reduce_scatter_block``; with
             IN_PLACE, ``recvbuf.size / N``).
         sendbuf: the whole vector, or IN_PLACE: the vector is in recvbuf, and the
-            result is written to its start, as in MPI. Out of place, the partial
-            sums go to a pooled work vector (MPI forbids writing sendbuf), and
-            sendbuf is read where it is, not copied.
+            result is written to its start, as in MPI. The partial sums go to a
+            pooled work vector, and the input is read where it is, not copied:
+            MPI forbids writing sendbuf, and in place the rest of recvbuf, past
+            this rank's block, keeps what it held (as MPICH and Open MPI mostly
+            leave it, and programs rely on; docs/dropin.md).
     """
     comm = call.comm
     op = resolve_op(op)
@@ -151,29 +154,22 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
                          f"{blocks.counts[rank]}")
     algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
     tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
-    pool = call.state.pool
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
+    if in_place and n == 1:  # the vector is its own result, where it is
+        return Plan(call, no_rounds, (), tag)
+    pool = call.state.pool
+    work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
     algo, scratch_items = REDUCE_SCATTER[algorithm]
-    if in_place:
-        work = recvbuf.reshape(-1)
-        args = (comm, work, blocks, op, pool.take(work, scratch_items(blocks)), None)
-        scratch = args[4:5]
-    else:  # the partial sums need a whole vector: a pooled one, reused across calls
-        work = pool.take(full, full.size)
-        tmp = pool.take(work, scratch_items(blocks))
-        # read sendbuf where it is: the algorithms never write it (one rank: a copy)
-        args = (comm, work, blocks, op, tmp, full.reshape(-1) if n > 1 else None)
-        if n == 1:
-            algo, args = copy_rounds, (work, full.reshape(-1), algo, *args)
-        scratch = (tmp, work)
+    tmp = pool.take(work, scratch_items(blocks))
+    # the input is read where it is: the algorithms never write it (one rank: a copy)
+    args = (comm, work, blocks, op, tmp, full.reshape(-1) if n > 1 else None)
+    if n == 1:
+        algo, args = copy_rounds, (work, full.reshape(-1), algo, *args)
 
     def finish():
-        mine = blocks.view(work, rank)
-        if in_place and 0 < blocks.displs[rank] < mine.size:  # overlapping move to the front
-            mine = mine.copy()
-        out[...] = mine  # in place: moves block `rank` to the front
+        out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
 
-    return Plan(call, algo, args, tag, finish, scratch, work)
+    return Plan(call, algo, args, tag, finish, (tmp, work), work)
 
 
 @planned
@@ -229,7 +225,13 @@ def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     flat = buf.reshape(-1)
     algorithm = choose(comm, "bcast", flat.nbytes, algorithm)
     tag = call.tag("bcast", flat.size, flat.dtype, None, algorithm, root)
-    return Plan(call, BCAST[algorithm], (comm, flat, root), tag, None, (), flat)
+    algo, args = BCAST[algorithm], (comm, flat, root)
+    if algorithm == "scatter_allgather" and not getattr(flat.flags, "writeable", True):
+        # a read-only root buffer (MPI allows it): the ring writes the root's blocks
+        # back, so it runs on a copy, made at every run
+        flat = array_module(flat).empty_like(flat)
+        algo, args = copy_rounds, (flat, args[1], algo, comm, flat, root)
+    return Plan(call, algo, args, tag, None, (), flat)
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:

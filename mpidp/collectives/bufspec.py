@@ -13,7 +13,9 @@
 and turns each into a contiguous 1-D NumPy or CuPy view of the user's memory, no
 copy, so that the result of a collective lands in the user's buffer. Any object
 with the buffer protocol, ``__cuda_array_interface__`` or ``__dlpack__`` is a
-buffer; a datatype is a predefined ``MPI.Datatype`` or its type code ("i", "d").
+buffer (`interop`); a datatype is a predefined ``MPI.Datatype`` or its type code
+("i", "d"). A send buffer of ``None`` is ``MPI.IN_PLACE`` (`in_place`), as in
+mpi4py; ``None`` inside a spec is an empty buffer (``[None, MPI.INT]``).
 Errors are mpi4py's: ``ValueError`` for counts and displacements, ``TypeError``
 and ``BufferError`` for buffers, ``NotImplementedError`` for derived datatypes.
 """
@@ -26,7 +28,14 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from . import interop
+
 _KINDS = "biufcS"  # booleans, integers, floats, complex, bytes: what the ops and copies handle
+
+
+def in_place(sendbuf) -> bool:
+    """mpi4py's test for an in-place send buffer: ``MPI.IN_PLACE`` or ``None``."""
+    return sendbuf is None or sendbuf is MPI.IN_PLACE
 
 
 def simple(spec, what: str, blocks: int = 0, writable: bool = False):
@@ -86,6 +95,8 @@ def vector(spec, what: str, n: int):
 
 def _unpack(spec, vector: bool):
     """Split a spec into (buf, count, displ, datatype), any of the last three None."""
+    if spec is None:  # a sendbuf of None is IN_PLACE, caught before; elsewhere not a buffer
+        raise TypeError("message: expecting buffer or list/tuple")
     if not isinstance(spec, (list, tuple)):
         return spec, None, None, None
     # simple messages take (count, displ) as a tuple or a list; vector ones as a tuple
@@ -110,7 +121,11 @@ def _unpack(spec, vector: bool):
 
 def _typed(buf, datatype, what: str, writable: bool):
     """All of `buf` as a 1-D array of `datatype`'s items (buf's own dtype if None), no copy."""
-    arr = _as_array(buf, what)
+    if buf is None:  # [None, type]: no data, as mpi4py's MPI_BOTTOM message
+        if datatype is None:
+            raise KeyError("cannot map None to MPI datatype")
+        return np.empty(0, dtype=_to_dtype(datatype, what))
+    arr = _as_array(buf, what, writable)
     if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
         raise BufferError(f"{what} is not writable")
     if datatype is None:
@@ -137,16 +152,12 @@ def _format(arr) -> str:
         return arr.dtype.str
 
 
-def _as_array(buf, what: str):
+def _as_array(buf, what: str, writable: bool):
     """The memory of `buf` as a contiguous 1-D NumPy (host) or CuPy (device) array, no copy."""
-    if buf is None:
-        return np.empty(0, dtype=np.uint8)
     if isinstance(buf, np.ndarray):
         arr = np.asarray(buf)
     elif hasattr(buf, "__cuda_array_interface__"):
-        import cupy
-
-        arr = cupy.asarray(buf)
+        arr = interop.as_array(buf, what, writable)
     else:
         try:
             view = memoryview(buf)  # bytearray, array.array, memoryview, ...
@@ -154,7 +165,7 @@ def _as_array(buf, what: str):
             if not hasattr(buf, "__dlpack__"):
                 raise TypeError(f"{what}: expecting a buffer or a list/tuple, "
                                 f"not {type(buf).__name__}") from None
-            arr = _from_dlpack(buf)
+            arr = interop.as_array(buf, what, writable)
         else:
             if not view.contiguous:
                 raise BufferError(f"{what}: buffer is not contiguous")
@@ -167,15 +178,6 @@ def _as_array(buf, what: str):
     if arr.flags.f_contiguous:
         return arr.reshape(-1, order="F")  # memory order: what MPI would send
     raise BufferError(f"{what}: buffer is not contiguous (strides {arr.strides})")
-
-
-def _from_dlpack(buf):
-    device_type, _ = buf.__dlpack_device__()
-    if device_type == 1:  # kDLCPU
-        return np.from_dlpack(buf)
-    import cupy
-
-    return cupy.from_dlpack(buf)
 
 
 def _to_dtype(datatype, what: str) -> np.dtype:

@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from . import api, cost
 from .api import IN_PLACE
-from .bufspec import check_match, simple, vector
+from .bufspec import check_match, in_place, simple, vector
 from .persistent import Persistent
 from .plan import in_sequence
 from .schedule import Request
@@ -169,14 +169,14 @@ class Comm:
     def _allreduce(self, call, sendbuf, recvbuf, op, algorithm):
         recv, count = simple(recvbuf, "recvbuf", writable=True)
         send = IN_PLACE
-        if sendbuf is not IN_PLACE:
+        if not in_place(sendbuf):
             send, scount = simple(sendbuf, "sendbuf")
             check_match(send, scount, recv, count)
         return self._plan(call, api.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
 
     def _reduce_scatter_block(self, call, sendbuf, recvbuf, op, algorithm):
         n = self.comm.Get_size()
-        if sendbuf is IN_PLACE:  # the n blocks are in recvbuf; a count given is per block
+        if in_place(sendbuf):  # the n blocks are in recvbuf; a count given is per block
             recv, _ = simple(recvbuf, "recvbuf", blocks=n, writable=True)
             send = IN_PLACE
         else:
@@ -189,7 +189,7 @@ class Comm:
     def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op, algorithm):
         n, rank = self.comm.Get_size(), self.comm.Get_rank()
         recv, count = simple(recvbuf, "recvbuf", writable=True)
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if recvcounts is None:
                 raise TypeError("Reduce_scatter with sendbuf=IN_PLACE needs recvcounts")
             send, total = IN_PLACE, count
@@ -213,7 +213,7 @@ class Comm:
     def _allgather(self, call, sendbuf, recvbuf, algorithm):
         recv, count = simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
         send = IN_PLACE
-        if sendbuf is not IN_PLACE:
+        if not in_place(sendbuf):
             send, scount = simple(sendbuf, "sendbuf")
             check_match(send, scount, recv, count)
         return self._plan(call, api.plan_allgather, "allgather", algorithm, send, recv)
@@ -221,7 +221,7 @@ class Comm:
     def _allgatherv(self, call, sendbuf, recvbuf, algorithm):
         recv, counts, displs = vector(recvbuf, "recvbuf", self.comm.Get_size())
         send = IN_PLACE
-        if sendbuf is not IN_PLACE:
+        if not in_place(sendbuf):
             send, scount = simple(sendbuf, "sendbuf")
             rank = self.comm.Get_rank()
             check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")

@@ -1,0 +1,136 @@
+"""How mpidp's requests complete alongside mpi4py's own: the public behaviour only.
+
+``req.Wait()``, ``req.Test()``, and `mpidp.Request`'s Waitall/Testall/Waitany/
+Testany/Waitsome/Testsome over lists that mix mpidp's requests with mpi4py's
+(which mpi4py's own functions refuse); a request reported complete is inactive,
+as an MPI request becomes ``MPI.REQUEST_NULL``; ``Cancel`` is refused, as MPI
+refuses it for a collective, and ``Free`` is honoured once the collective is
+complete and refused while it is in flight, both with an ``MPI.Exception``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp import Request
+
+
+def start(comm, world, x, outs):
+    """Three mpidp collectives, then a message around the ring: the list to complete."""
+    n, rank = world.Get_size(), world.Get_rank()
+    requests = [comm.Iallreduce(x, outs[0]), comm.Iallgather(x[:1], outs[1][:n]),
+                comm.Ibcast(outs[2], root=n - 1)]
+    inbox = np.full(1, -1, "i")
+    requests += [world.Irecv(inbox, (rank - 1) % n, tag=7),
+                 world.Isend(np.array([rank], "i"), (rank + 1) % n, tag=7)]
+    return requests, inbox
+
+
+def check(world, x, outs, inbox):
+    n, rank = world.Get_size(), world.Get_rank()  # x is 1 + rank everywhere
+    assert np.array_equal(outs[0], np.full(4, n * (n + 1) / 2))
+    assert np.array_equal(outs[1][:n], np.arange(1.0, n + 1))
+    assert np.array_equal(outs[2], np.full(4, float(n - 1)))
+    assert inbox[0] == (rank - 1) % n
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=60)
+def test_any_and_some_over_mixed_requests(mpi_ranks):
+    """Each request is reported complete exactly once, then skipped, as MPI does."""
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    comm = mpidp.Comm(world)
+    x = np.full(4, 1.0 + rank)
+    for how in ("Waitany", "Testany", "Waitsome", "Testsome"):
+        outs = [np.zeros(4), np.zeros(n + 1), np.full(4, float(rank))]
+        requests, inbox = start(comm, world, x, outs)
+        with pytest.raises(TypeError):  # mpi4py's own functions take MPI requests only
+            getattr(MPI.Request, how)(requests)
+        reported = []
+        while True:
+            if how == "Waitany":
+                index = Request.Waitany(requests)
+                active, done = index != MPI.UNDEFINED, [index]
+            elif how == "Testany":  # (UNDEFINED, True): none active; (UNDEFINED, False): wait
+                index, flag = Request.Testany(requests)
+                active, done = index != MPI.UNDEFINED or not flag, [index]
+            else:  # None: none active; a list, empty for Testsome if none is done yet
+                done = getattr(Request, how)(requests)
+                active = done is not None
+            if not active:
+                break
+            reported += [i for i in done if i != MPI.UNDEFINED]
+        assert sorted(reported) == list(range(5)), (how, reported)
+        check(world, x, outs, inbox)
+        assert not any(requests)  # all inactive, mpidp's and MPI's alike
+        assert Request.Waitany(requests) == MPI.UNDEFINED
+        assert Request.Testany(requests) == (MPI.UNDEFINED, True)
+        assert Request.Waitsome(requests) is None and Request.Testsome(requests) is None
+        assert all(r.Test() for r in requests) and all(r.Wait() for r in requests)
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=60)
+def test_wait_test_waitall_testall(mpi_ranks):
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    comm = mpidp.Comm(world)
+    x = np.full(4, 1.0 + rank)
+    for how in ("Wait", "Test", "Waitall", "Testall"):
+        outs = [np.zeros(4), np.zeros(n + 1), np.full(4, float(rank))]
+        requests, inbox = start(comm, world, x, outs)
+        if how == "Wait":  # in the order started: every rank reaches the same one next
+            assert all([r.Wait() for r in requests])
+        elif how == "Test":
+            while not all([r.Test() for r in requests]):
+                pass
+        elif how == "Waitall":
+            assert Request.Waitall(requests) is True
+        else:
+            while not Request.Testall(requests):
+                pass
+        check(world, x, outs, inbox)
+        assert not any(requests), how
+
+
+@pytest.mark.mpi(ranks=[1, 2], timeout=60)
+def test_cancel_is_refused_and_free_only_once_complete(mpi_ranks):
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    comm = mpidp.Comm(world)
+    x, y, z = np.ones(1000), np.empty(1000), np.empty(1000)
+    # Cancel: MPI does not cancel a collective; MPICH and Open MPI raise MPI.Exception
+    # (Open MPI not on one rank, where the collective is over as it starts; mpidp still does)
+    for c, out in ((world, y), (comm, z)):
+        request = c.Iallreduce(x, out)
+        if n > 1 or c is comm:
+            with pytest.raises(MPI.Exception):
+                request.Cancel()
+        request.Wait()
+    assert np.array_equal(y, z)
+    # Free in flight: refused (rank 1 has not started it yet, so it cannot be complete)
+    if rank == 0:
+        request = comm.Iallreduce(x, y)
+        if n > 1:
+            with pytest.raises(MPI.Exception, match="in flight"):
+                request.Free()
+    world.Barrier()
+    if rank != 0:
+        request = comm.Iallreduce(x, y)
+    request.Wait()
+    assert np.array_equal(y, x * n) and not request
+    # Free after Wait: the request is already released, as MPI's is (MPI.REQUEST_NULL)
+    for c in (world, comm):
+        request = c.Iallreduce(x, y)
+        request.Wait()
+        with pytest.raises(MPI.Exception):
+            request.Free()
+    # Free once complete but not yet reported (Get_status does not release): honoured
+    request = comm.Iallreduce(x, y)
+    while not request.Get_status():
+        pass
+    assert request
+    request.Free()
+    assert not request and request.Test() and request.Wait()
