@@ -36,6 +36,11 @@ DTYPE_OPS = [("f8", "SUM"), ("i4", "PROD"), ("f4", "MAX"), ("i8", "MIN"), ("?", 
              ("u1", "BOR"), ("i2", "BXOR"), ("u2", "LOR"), ("c16", "SUM"), ("i4", "LXOR"),
              ("u4", "BAND"), ("c8", "PROD")]
 LAYOUTS = ("packed", "listed", "reversed", "untyped", "equal", "strided", "inferred")
+# *_init joins these cases once they are made to raise on every rank alike: with it the
+# cases' parameters shift, and a refused buffer that mpi4py accepts on one rank only (one
+# item, whatever its stride) hangs the MPI library's own call on the others.
+# tests/test_persistent.py checks the persistent forms against MPI meanwhile.
+WITH_INIT = False
 
 
 def modes(collective: str, i: int, refused: bool = False) -> tuple[str, ...]:
@@ -45,7 +50,7 @@ def modes(collective: str, i: int, refused: bool = False) -> tuple[str, ...]:
     5.0.11's next persistent collectives fail (truncated messages, then a heap error),
     with no mpidp involved.
     """
-    persistent = hasattr(mpidp.Comm, collective + "_init") and not refused
+    persistent = WITH_INIT and hasattr(mpidp.Comm, collective + "_init") and not refused
     return ("blocking", ("Wait", "Test")[i % 2], *(("init",) if persistent else ()))
 
 

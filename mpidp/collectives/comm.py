@@ -32,15 +32,13 @@ A call goes through three steps:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 
 import numpy as np
 from mpi4py import MPI
 
-from . import api, cost
+from . import api, cost, parse
 from .api import IN_PLACE
-from .bufspec import check_match, in_place, simple, vector
 from .persistent import Persistent
 from .plan import in_sequence
 from .schedule import Request
@@ -78,161 +76,93 @@ class Comm:
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
-        self._call(self._allreduce, sendbuf, recvbuf, op, algorithm).run()
+        self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allreduce; returns a Request."""
-        return self._call(self._allreduce, sendbuf, recvbuf, op, algorithm).start()
+        return self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).start()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
                              algorithm=None) -> None:
         """Rank r's recvbuf gets block r of the reduced sendbuf, equal blocks."""
-        self._call(self._reduce_scatter_block, sendbuf, recvbuf, op, algorithm).run()
+        self._call(parse.reduce_scatter_block, self, sendbuf, recvbuf, op, algorithm).run()
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *,  # noqa: N802
                               algorithm=None) -> Request:
         """Start a Reduce_scatter_block; returns a Request."""
-        plan = self._call(self._reduce_scatter_block, sendbuf, recvbuf, op, algorithm)
+        plan = self._call(parse.reduce_scatter_block, self, sendbuf, recvbuf, op, algorithm)
         return plan.start()
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
                        algorithm=None) -> None:
         """Rank r's recvbuf gets recvcounts[r] items of the reduced sendbuf."""
-        self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op, algorithm).run()
+        self._call(parse.reduce_scatter, self, sendbuf, recvbuf, recvcounts, op, algorithm).run()
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,  # noqa: N802
                         algorithm=None) -> Request:
         """Start a Reduce_scatter; returns a Request (recvcounts=None gathers them first)."""
-        plan = self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op, algorithm)
+        plan = self._call(parse.reduce_scatter, self, sendbuf, recvbuf, recvcounts, op, algorithm)
         return plan.start()
 
     # ------------------------------------------------------------ data movement
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Block r of every rank's recvbuf gets rank r's sendbuf (MPI_Allgather)."""
-        self._call(self._allgather, sendbuf, recvbuf, algorithm).run()
+        self._call(parse.allgather, self, sendbuf, recvbuf, algorithm).run()
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgather; returns a Request."""
-        return self._call(self._allgather, sendbuf, recvbuf, algorithm).start()
+        return self._call(parse.allgather, self, sendbuf, recvbuf, algorithm).start()
 
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Allgather with per-rank counts and displacements in the recvbuf spec."""
-        self._call(self._allgatherv, sendbuf, recvbuf, algorithm).run()
+        self._call(parse.allgatherv, self, sendbuf, recvbuf, algorithm).run()
 
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgatherv; returns a Request."""
-        return self._call(self._allgatherv, sendbuf, recvbuf, algorithm).start()
+        return self._call(parse.allgatherv, self, sendbuf, recvbuf, algorithm).start()
 
     def Bcast(self, buf, root: int = 0, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's buf gets root's buf (MPI_Bcast)."""
-        self._call(self._bcast, buf, root, algorithm).run()
+        self._call(parse.bcast, self, buf, root, algorithm).run()
 
     def Ibcast(self, buf, root: int = 0, *, algorithm=None) -> Request:  # noqa: N802
         """Start a Bcast; returns a Request."""
-        return self._call(self._bcast, buf, root, algorithm).start()
+        return self._call(parse.bcast, self, buf, root, algorithm).start()
 
     # ------------------------------------------------------------ persistent (MPI-4)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
                        algorithm=None) -> Persistent:
         """A persistent Allreduce: ``Start()``, ``Wait()``, as often as needed; ``Free()``."""
-        return Persistent(self._call(self._allreduce, sendbuf, recvbuf, op, algorithm,
+        return Persistent(self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm,
                                      persistent=True))
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM,  # noqa: N802
                                   info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
-        return Persistent(self._call(self._reduce_scatter_block, sendbuf, recvbuf, op,
+        return Persistent(self._call(parse.reduce_scatter_block, self, sendbuf, recvbuf, op,
                                      algorithm, persistent=True))
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,  # noqa: N802
                             info=MPI.INFO_NULL, *, algorithm=None) -> Persistent:
-        return Persistent(self._call(self._reduce_scatter, sendbuf, recvbuf, recvcounts, op,
+        return Persistent(self._call(parse.reduce_scatter, self, sendbuf, recvbuf, recvcounts, op,
                                      algorithm, persistent=True))
 
     def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
                        algorithm=None) -> Persistent:
-        return Persistent(self._call(self._allgather, sendbuf, recvbuf, algorithm,
+        return Persistent(self._call(parse.allgather, self, sendbuf, recvbuf, algorithm,
                                      persistent=True))
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *,  # noqa: N802
                         algorithm=None) -> Persistent:
-        return Persistent(self._call(self._allgatherv, sendbuf, recvbuf, algorithm,
+        return Persistent(self._call(parse.allgatherv, self, sendbuf, recvbuf, algorithm,
                                      persistent=True))
 
     def Bcast_init(self, buf, root: int = 0, info=MPI.INFO_NULL, *,  # noqa: N802
                    algorithm=None) -> Persistent:
-        return Persistent(self._call(self._bcast, buf, root, algorithm, persistent=True))
+        return Persistent(self._call(parse.bcast, self, buf, root, algorithm, persistent=True))
 
-    # ------------------------------------------------------------ parse, check, plan
-
-    def _allreduce(self, call, sendbuf, recvbuf, op, algorithm):
-        recv, count = simple(recvbuf, "recvbuf", writable=True)
-        send = IN_PLACE
-        if not in_place(sendbuf):
-            send, scount = simple(sendbuf, "sendbuf")
-            check_match(send, scount, recv, count)
-        return self._plan(call, api.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
-
-    def _reduce_scatter_block(self, call, sendbuf, recvbuf, op, algorithm):
-        n = self.comm.Get_size()
-        if in_place(sendbuf):  # the n blocks are in recvbuf; a count given is per block
-            recv, _ = simple(recvbuf, "recvbuf", blocks=n, writable=True)
-            send = IN_PLACE
-        else:
-            recv, count = simple(recvbuf, "recvbuf", writable=True)
-            send, scount = simple(sendbuf, "sendbuf", blocks=n)
-            check_match(send, scount, recv, count)
-        return self._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
-                          op=op)
-
-    def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op, algorithm):
-        n, rank = self.comm.Get_size(), self.comm.Get_rank()
-        recv, count = simple(recvbuf, "recvbuf", writable=True)
-        if in_place(sendbuf):
-            if recvcounts is None:
-                raise TypeError("Reduce_scatter with sendbuf=IN_PLACE needs recvcounts")
-            send, total = IN_PLACE, count
-        else:
-            send, total = simple(sendbuf, "sendbuf")
-            check_match(send, None, recv, None)  # the datatypes; the counts differ here
-            if recvcounts is None:  # as mpi4py: every rank's recvbuf count, gathered
-                recvcounts = self._gather_counts(count)
-        recvcounts = [operator.index(c) for c in recvcounts]
-        if len(recvcounts) != n:
-            raise ValueError(f"expecting {n} recvcounts, got {len(recvcounts)}")
-        if total != sum(recvcounts):
-            raise ValueError(f"mismatch in {'receive' if send is IN_PLACE else 'send'} "
-                             f"count {total} and sum(recvcounts) {sum(recvcounts)}")
-        if send is not IN_PLACE and count != recvcounts[rank]:
-            raise ValueError(f"mismatch in receive count {count} and "
-                             f"recvcounts[{rank}] {recvcounts[rank]}")
-        return self._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
-                          recvcounts=recvcounts, op=op)
-
-    def _allgather(self, call, sendbuf, recvbuf, algorithm):
-        recv, count = simple(recvbuf, "recvbuf", blocks=self.comm.Get_size(), writable=True)
-        send = IN_PLACE
-        if not in_place(sendbuf):
-            send, scount = simple(sendbuf, "sendbuf")
-            check_match(send, scount, recv, count)
-        return self._plan(call, api.plan_allgather, "allgather", algorithm, send, recv)
-
-    def _allgatherv(self, call, sendbuf, recvbuf, algorithm):
-        recv, counts, displs = vector(recvbuf, "recvbuf", self.comm.Get_size())
-        send = IN_PLACE
-        if not in_place(sendbuf):
-            send, scount = simple(sendbuf, "sendbuf")
-            rank = self.comm.Get_rank()
-            check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
-        return self._plan(call, api.plan_allgather, "allgather", algorithm, send, recv,
-                          recvcounts=counts, displs=displs)
-
-    def _bcast(self, call, buf, root, algorithm):
-        is_root = self.comm.Get_rank() == root
-        data, _ = simple(buf, "buf", writable=not is_root)
-        return self._plan(call, api.plan_bcast, "bcast", algorithm, data,
-                          root=operator.index(root))
+    # ------------------------------------------------------------ sequence and plan
 
     def _gather_counts(self, count: int) -> list[int]:
         """Every rank's `count`, by an mpidp all-gather (Reduce_scatter without recvcounts)."""

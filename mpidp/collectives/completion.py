@@ -60,8 +60,9 @@ def default_timeout() -> float | None:
 
 
 def _test(request) -> bool:
-    # mpi4py's MPI.Request.test() returns a (flag, message) tuple; Test() is a plain bool
-    return bool(request.Test()) if isinstance(request, MPI.Request) else request.test()
+    # Test(), not test(): mpi4py's test() returns a (flag, message) tuple, and a request
+    # reported complete becomes inactive (MPI: REQUEST_NULL), mpidp's as mpi4py's
+    return bool(request.Test())
 
 
 def waitall(requests: Iterable, timeout: float | None = None) -> None:
