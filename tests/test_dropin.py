@@ -36,11 +36,6 @@ DTYPE_OPS = [("f8", "SUM"), ("i4", "PROD"), ("f4", "MAX"), ("i8", "MIN"), ("?", 
              ("u1", "BOR"), ("i2", "BXOR"), ("u2", "LOR"), ("c16", "SUM"), ("i4", "LXOR"),
              ("u4", "BAND"), ("c8", "PROD")]
 LAYOUTS = ("packed", "listed", "reversed", "untyped", "equal", "strided", "inferred")
-# *_init joins these cases once they are made to raise on every rank alike: with it the
-# cases' parameters shift, and a refused buffer that mpi4py accepts on one rank only (one
-# item, whatever its stride) hangs the MPI library's own call on the others.
-# tests/test_persistent.py checks the persistent forms against MPI meanwhile.
-WITH_INIT = False
 
 
 def modes(collective: str, i: int, refused: bool = False) -> tuple[str, ...]:
@@ -50,13 +45,19 @@ def modes(collective: str, i: int, refused: bool = False) -> tuple[str, ...]:
     5.0.11's next persistent collectives fail (truncated messages, then a heap error),
     with no mpidp involved.
     """
-    persistent = WITH_INIT and hasattr(mpidp.Comm, collective + "_init") and not refused
+    persistent = hasattr(mpidp.Comm, collective + "_init") and not refused
     return ("blocking", ("Wait", "Test")[i % 2], *(("init",) if persistent else ()))
 
 
 def kind_cases(collective: str, n: int) -> list[Case]:
-    """Every buffer form, in-place spelling and refused buffer, for one collective."""
-    cases = []
+    """Every buffer form, in-place spelling and refused buffer, for one collective.
+
+    The *_init cases come last, each with the parameters of its blocking sibling: so
+    every other case keeps the parameters it has without them (they rotate with the
+    case's index; shifted, a refused buffer can fall to one item on some rank, which
+    mpi4py accepts whatever its stride, and the MPI library's own call then hangs).
+    """
+    cases, persistent = [], []
 
     def add(form, in_place=False, count=None, dtype_op=None, **kw):
         i = len(cases)
@@ -64,9 +65,10 @@ def kind_cases(collective: str, n: int) -> list[Case]:
         if not supports(form, dtype):
             dtype, op = "f8", "SUM"
         for mode in modes(collective, i, form in REFUSED):
-            cases.append(Case(collective, (1, n + 1, 7, 0)[i % 4] if count is None else count,
-                              dtype, op, form=form, in_place=in_place, mode=mode,
-                              root=i % n, layout=LAYOUTS[i % len(LAYOUTS)], **kw))
+            (persistent if mode == "init" else cases).append(
+                Case(collective, (1, n + 1, 7, 0)[i % 4] if count is None else count,
+                     dtype, op, form=form, in_place=in_place, mode=mode,
+                     root=i % n, layout=LAYOUTS[i % len(LAYOUTS)], **kw))
 
     for form in FORMS:
         add(form)
@@ -78,7 +80,7 @@ def kind_cases(collective: str, n: int) -> list[Case]:
     if collective != "Bcast":  # random floats: the summation-order tolerance
         add("array", count=1003, dtype_op=("f8", "SUM"), floats=True)
         add("array", True, count=1003, dtype_op=("f4", "PROD"), floats=True)
-    return cases
+    return cases + persistent
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4, 5], timeout=120)
