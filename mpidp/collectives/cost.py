@@ -6,20 +6,22 @@ reduced byte; a call costs a fixed amount on top, alike for every algorithm:
 
     time ≈ fixed + rounds·α + bytes·β + reduced bytes·γ
 
-For n bytes on p ranks (q = 2^⌊log2 p⌋, k = log2 q, f = 1 if q < p, else 0,
-L = ⌈log2 p⌉); each line is the docstring formula of the algorithm's module:
+For G bytes on N ranks (q = 2^⌊log2 N⌋, k = log2 q, f = 1 if q < N, else 0,
+L = ⌈log2 N⌉); each line is the docstring formula of the algorithm's module:
 
-    allreduce       ring                2(p-1)α + 2n(p-1)/p·β + n(p-1)/p·γ
-                    rabenseifner        2kα + 2n(q-1)/q·β + n(q-1)/q·γ + f·(3α + 2nβ + n/2·γ)
-                    recursive_doubling  k(α + nβ + nγ) + f·(2α + 2nβ + nγ)
-                    naive               L(2α + 2nβ + nγ)
-                    direct              (p-1)(α + nβ + nγ)
-    reduce_scatter  ring                (p-1)α + n(p-1)/p·(β + γ)
-                    recursive_halving   kα + n(q-1)/q·(β + γ) + f·(3α + nβ + n/2·γ + n/p·β)
-    allgather       ring                (p-1)α + n(p-1)/p·β
-                    recursive_doubling  kα + n(q-1)/q·β + f·(2α + n/p·β + nβ)
-    bcast           binomial            L(α + nβ)
-                    scatter_allgather   (L + p - 1)α + 2n(p-1)/p·β
+    allreduce       ring                2(N-1)α + 2G(N-1)/N·β + G(N-1)/N·γ
+                    rabenseifner        2kα + 2G(q-1)/q·β + G(q-1)/q·γ + f·(3α + 2Gβ + G/2·γ)
+                    recursive_doubling  k(α + Gβ + Gγ) + f·(2α + 2Gβ + Gγ)
+                    naive               L(2α + 2Gβ + Gγ)
+                    direct              (N-1)(α + Gβ + Gγ)
+    reduce_scatter  ring                (N-1)α + G(N-1)/N·(β + γ)
+                    recursive_halving   kα + G(q-1)/q·(β + γ) + f·(3α + Gβ + G/2·γ + G/N·β)
+    allgather       ring                (N-1)α + G(N-1)/N·β
+                    recursive_doubling  kα + G(q-1)/q·β + f·(2α + G/N·β + Gβ)
+    bcast           binomial            L(α + Gβ)
+                    scatter_allgather   (L + N - 1)α + 2G(N-1)/N·β
+
+(`predict` spells them with p for N and n for G, as Python names.)
 
 Small messages want few rounds (recursive doubling, binomial), large ones few
 bytes (ring, Rabenseifner, scatter + all-gather).
