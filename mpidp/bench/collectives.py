@@ -6,7 +6,9 @@
 For all-reduce, reduce-scatter (block), all-gather and broadcast, and for sizes
 doubling from ``--min`` to ``--max``, one run times side by side: the MPI
 library's own call through mpi4py ("native") and every mpidp algorithm of
-``mpidp.ALGORITHMS`` including ``auto`` (the table shows what auto resolved to).
+``mpidp.ALGORITHMS`` including ``auto`` (the table shows what auto resolved to),
+the persistent forms (native ``*_init`` and mpidp's) and, where PyTorch is
+installed, ``torch.distributed``'s gloo backend (rows ``"gloo"``; see peers.py).
 
 Method (as nccl-tests and the OSU micro-benchmarks):
 
@@ -64,6 +66,7 @@ from .output import (
     write_csv,
     write_json,
 )
+from .peers import gloo_call, start_gloo, stop_gloo
 
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -97,6 +100,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
     p.add_argument("--no-persistent", action="store_true",
                    help="skip the persistent forms (native *_init and mpidp's)")
+    p.add_argument("--no-gloo", action="store_true",
+                   help="skip torch.distributed's gloo rows even where PyTorch is installed")
     p.add_argument("--json", metavar="FILE", help="write metadata and rows as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     p.add_argument("--plot", metavar="FILE.png", help="busbw and latency against size")
@@ -324,20 +329,25 @@ def sweep(comm, args, log) -> list[dict]:
                     for name in PERSISTENT:
                         calls[name], free = case.persistent(native=name.startswith("native"))
                         frees.append(free)
+                if args.gloo:
+                    calls["gloo"] = gloo_call(case)
                 measured = time_rows(case, calls, warmup, iters)
                 for free in frees:
                     free()
-                for name in ("native", *algorithms, *(() if args.no_persistent else PERSISTENT)):
+                for name in ("native", *algorithms, *(() if args.no_persistent else PERSISTENT),
+                             *(("gloo",) if args.gloo else ())):
                     algorithm, persistent = name.split()[0], name in PERSISTENT
-                    resolved = None if algorithm == "native" else api.choose(
+                    resolved = None if algorithm in ("native", "gloo") else api.choose(
                         comm, collective, count * dtype.itemsize, algorithm)
                     times, wrong = measured[name]
                     row = make_row(collective, algorithm, resolved, inplace, count, dtype,
                                    n, times, wrong, warmup, persistent)
                     if algorithm == "native":
                         native_us = row["time_us"]
+                    if algorithm == "gloo":
+                        row["implementation"] = args.gloo
                     row["speedup"] = native_us / row["time_us"] if row["time_us"] > 0 else None
-                    if (nbytes in largest and algorithm != "native" and not persistent
+                    if (nbytes in largest and algorithm not in ("native", "gloo") and not persistent
                             and not args.no_memory):
                         row.update(memory(case, algorithm))
                     rows.append(row)
@@ -401,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, n = comm.Get_rank(), comm.Get_size()
     log = print if rank == 0 else (lambda *a, **k: None)
     meta = metadata(comm, args)
+    meta["gloo"] = "off (--no-gloo)" if args.no_gloo else start_gloo(comm)
+    args.gloo = meta["gloo"] if meta["gloo"].startswith("torch") else None
     log(f"# mpidp collectives benchmark: {n} ranks, {args.dtype}, op {args.op}, "
         f"{human(args.min)} .. {human(args.max)}")
     log(f"# {meta['mpi_library_short']}; mpi4py {meta['mpi4py']}, numpy {meta['numpy']}; "
@@ -411,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         "in turn, the order rotating by one per iteration, a barrier before each call")
     log("# time: slowest rank per iteration, median (and min) over iterations; "
         "busbw = algbw x (all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, bcast 1)")
+    log(f"# gloo: {meta['gloo']}")
     log("# vs native: native time / this time (>1: faster than the MPI library); "
         "#wrong: items differing from the native result, all ranks and iterations")
     try:
         rows = sweep(comm, args, log)
     finally:
+        if args.gloo:
+            stop_gloo()
         comm.Free()
     for line in format_memory(rows):
         log(line)
