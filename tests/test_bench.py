@@ -18,6 +18,7 @@ from mpi4py import MPI
 import mpidp
 from mpidp.bench import collectives as bench
 from mpidp.bench import peers, report, runs, targets
+from mpidp.bench.output import write_json
 from mpidp.collectives import api
 
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw · factor, the share of the data each
@@ -209,6 +210,16 @@ def test_one_run_merges_to_itself_with_no_spread():
     assert merged["runs"] == 1
 
 
+def test_the_merged_file_keeps_the_spread_when_read_again(tmp_path):
+    merged = runs.merge(synthetic_runs())
+    path = tmp_path / "collectives-n2.json"
+    write_json(str(path), {k: v for k, v in merged.items() if k != "rows"}, merged["rows"])
+    again, = runs.load(str(tmp_path))
+    native = report.group(again["rows"])["allreduce", False][2 * MIB]["native"]
+    assert native["runs_us"] == [100.0, 110.0, 90.0] and native["spread"] == pytest.approx(0.2)
+    assert again["runs"] == 3
+
+
 def test_load_prefers_the_numbered_runs_and_still_reads_a_lone_old_file(tmp_path):
     three = synthetic_runs()
     for i, run in enumerate(three, 1):
@@ -291,8 +302,9 @@ def test_report_writes_the_page_and_plots(tmp_path):
     other.write_text("x")
     assert report.main(["--data", str(data), "--img", str(img), "--out", str(out),
                         "--notes", str(notes), "--note", "preliminary",
-                        "--see-also", str(other)]) == 0
+                        "--see-also", str(other), "--merged"]) == 0
     page = out.read_text()
+    assert json.loads((data / "collectives-n2.json").read_text())["runs"] == 3  # for sim predict
     assert (img / "collectives-n2.png").stat().st_size > 1000
     assert "](img/collectives-n2.png)" in page and "](data/collectives-n2-r3.json)" in page
     assert "Test CPU, 2 cores" in page and "MPICH Version: 5" in page

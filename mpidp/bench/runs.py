@@ -37,6 +37,8 @@ def merge(runs: list[dict]) -> dict:
     ``spread`` (max - min) / median over runs, ``wrong`` summed, bandwidths and
     the speed-up recomputed from the merged times.
     """
+    if len(runs) == 1 and all("runs_us" in r for r in runs[0]["rows"]):
+        return runs[0]  # written merged already (report --merged): keep its spread
     merged: dict = {}
     for i, run in enumerate(runs):
         for r in run["rows"]:
