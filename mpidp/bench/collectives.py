@@ -299,7 +299,14 @@ def make_buffers(args, n: int, rank: int) -> dict:
             "poison": -12345}
 
 
-def sweep(comm, args, log) -> list[dict]:
+def sweep(comm, args, log, natives: dict | None = None) -> list[dict]:
+    """Every collective, placement and size: native, mpidp's algorithms, the persistent forms.
+
+    With ``natives`` ({(collective, inplace, bytes): native µs} of a sweep done
+    before), the gloo pass instead: gloo alone at every size, its speed-up
+    against those native times. Apart, because interleaved with the others
+    gloo's calls slowed them (docs/benchmarks-notes.md).
+    """
     n, rank = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(args.dtype)
     bufs = make_buffers(args, n, rank)
@@ -309,7 +316,8 @@ def sweep(comm, args, log) -> list[dict]:
         algorithms = api.ALGORITHMS[collective]  # read now: the list grows with mpidp
         for inplace in ([None] if collective == "bcast" else modes):
             place = placement(inplace)
-            log(f"\n# {TITLES[collective]}, {place}, {n} ranks, {dtype}"
+            log(f"\n# {'gloo: ' if natives else ''}{TITLES[collective]}, {place}, {n} ranks, "
+                f"{dtype}"
                 + ("" if collective in ("allgather", "bcast") else f", op {args.op}"))
             log(header())
             largest = [s for s in sizes(args.min, args.max)
@@ -321,21 +329,20 @@ def sweep(comm, args, log) -> list[dict]:
                 case = Case(comm, collective, count, inplace, args.op, bufs)
                 case.setup()
                 warmup, iters = iterations(nbytes, args.iters, args.warmup)
-                native_us = None
-                calls = {"native": case.native()}
-                calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
+                native_us = (natives.get((collective, inplace, count * dtype.itemsize))
+                             if natives else None)  # a row's bytes: whole blocks
+                calls = {"gloo": gloo_call(case)} if natives else {"native": case.native()}
+                if not natives:
+                    calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
                 frees = []
-                if not args.no_persistent:  # planned once per size, started each iteration
+                if not args.no_persistent and not natives:  # planned once, started each time
                     for name in PERSISTENT:
                         calls[name], free = case.persistent(native=name.startswith("native"))
                         frees.append(free)
                 measured = time_rows(case, calls, warmup, iters)
-                if args.gloo:  # a pass of its own: interleaved, gloo slowed every other call
-                    measured.update(time_rows(case, {"gloo": gloo_call(case)}, warmup, iters))
                 for free in frees:
                     free()
-                for name in ("native", *algorithms, *(() if args.no_persistent else PERSISTENT),
-                             *(("gloo",) if args.gloo else ())):
+                for name in calls:
                     algorithm, persistent = name.split()[0], name in PERSISTENT
                     resolved = None if algorithm in ("native", "gloo") else api.choose(
                         comm, collective, count * dtype.itemsize, algorithm)
@@ -346,7 +353,8 @@ def sweep(comm, args, log) -> list[dict]:
                         native_us = row["time_us"]
                     if algorithm == "gloo":
                         row["implementation"] = args.gloo
-                    row["speedup"] = native_us / row["time_us"] if row["time_us"] > 0 else None
+                    row["speedup"] = (native_us / row["time_us"] if native_us and row["time_us"] > 0
+                                      else None)
                     if (nbytes in largest and algorithm not in ("native", "gloo") and not persistent
                             and not args.no_memory):
                         row.update(memory(case, algorithm))
@@ -433,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         "#wrong: items differing from the native result, all ranks and iterations")
     try:
         rows = sweep(comm, args, log)
+        if args.gloo:
+            rows += sweep(comm, args, log, {(r["collective"], r["inplace"], r["bytes"]):
+                                            r["time_us"] for r in rows
+                                            if r["algorithm"] == "native" and not r["persistent"]})
     finally:
         if args.gloo:
             stop_gloo()

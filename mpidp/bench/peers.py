@@ -6,7 +6,9 @@ installed"``. The process group is started from MPI: rank and size are the MPI
 communicator's, rendezvous ``env://`` on 127.0.0.1 at a port that rank 0 finds
 free and broadcasts. The calls run on ``torch.from_numpy`` views of the sweep's
 own buffers, so gloo sees the same data and its result is checked against
-native like every other row.
+native like every other row. The sweep times gloo in a pass of its own after
+the others (interleaved, gloo's calls slowed every other call: see
+docs/benchmarks-notes.md), its speed-up against the first pass's native times.
 
 Placement: ``all_reduce`` and ``broadcast`` work in place only, so the
 out-of-place all-reduce copies sendbuf into recvbuf first (timed: a user would
