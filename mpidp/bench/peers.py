@@ -8,7 +8,8 @@ free and broadcasts. The calls run on ``torch.from_numpy`` views of the sweep's
 own buffers, so gloo sees the same data and its result is checked against
 native like every other row. The sweep times gloo in a pass of its own after
 the others (interleaved, gloo's calls slowed every other call: see
-docs/benchmarks-notes.md), its speed-up against the first pass's native times.
+docs/benchmarks-notes.md), its speed-up against the first pass's native times;
+PyTorch is imported and the process group started only for that pass.
 
 Placement: ``all_reduce`` and ``broadcast`` work in place only, so the
 out-of-place all-reduce copies sendbuf into recvbuf first (timed: a user would
@@ -34,14 +35,17 @@ def available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def start_gloo(comm) -> str:
-    """Start torch.distributed's gloo process group on comm's ranks; its description, or why not.
-
-    Collective over comm: every rank gets the same answer.
-    """
+def describe() -> str:
+    """'torch.distributed 2.14.1 (gloo backend)', or 'not installed'; without importing torch."""
     if not available():
         return NOT_INSTALLED
-    import torch
+    from importlib.metadata import version
+
+    return f"torch.distributed {version('torch').split('+')[0]} (gloo backend)"
+
+
+def start_gloo(comm) -> None:
+    """Start torch.distributed's gloo process group on comm's ranks (collective over comm)."""
     import torch.distributed as dist
 
     port = None
@@ -53,7 +57,6 @@ def start_gloo(comm) -> str:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", init_method="env://", rank=comm.Get_rank(),
                             world_size=comm.Get_size())
-    return f"torch.distributed {torch.__version__.split('+')[0]} (gloo backend)"
 
 
 def stop_gloo() -> None:
