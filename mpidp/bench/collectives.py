@@ -6,7 +6,9 @@
 For all-reduce, reduce-scatter (block), all-gather and broadcast, and for sizes
 doubling from ``--min`` to ``--max``, one run times side by side: the MPI
 library's own call through mpi4py ("native") and every mpidp algorithm of
-``mpidp.ALGORITHMS`` including ``auto`` (the table shows what auto resolved to).
+``mpidp.ALGORITHMS`` including ``auto`` (the table shows what auto resolved to),
+the persistent forms (native ``*_init`` and mpidp's) and, where PyTorch is
+installed, ``torch.distributed``'s gloo backend (rows ``"gloo"``; see peers.py).
 
 Method (as nccl-tests and the OSU micro-benchmarks):
 
@@ -64,6 +66,7 @@ from .output import (
     write_csv,
     write_json,
 )
+from .peers import describe, gloo_call, start_gloo, stop_gloo
 
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -97,6 +100,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
     p.add_argument("--no-persistent", action="store_true",
                    help="skip the persistent forms (native *_init and mpidp's)")
+    p.add_argument("--no-gloo", action="store_true",
+                   help="skip torch.distributed's gloo rows even where PyTorch is installed")
     p.add_argument("--json", metavar="FILE", help="write metadata and rows as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     p.add_argument("--plot", metavar="FILE.png", help="busbw and latency against size")
@@ -294,7 +299,14 @@ def make_buffers(args, n: int, rank: int) -> dict:
             "poison": -12345}
 
 
-def sweep(comm, args, log) -> list[dict]:
+def sweep(comm, args, log, natives: dict | None = None) -> list[dict]:
+    """Every collective, placement and size: native, mpidp's algorithms, the persistent forms.
+
+    With ``natives`` ({(collective, inplace, bytes): native µs} of a sweep done
+    before), the gloo pass instead: gloo alone at every size, its speed-up
+    against those native times. Apart, because interleaved with the others
+    gloo's calls slowed them (docs/benchmarks-notes.md).
+    """
     n, rank = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(args.dtype)
     bufs = make_buffers(args, n, rank)
@@ -304,7 +316,8 @@ def sweep(comm, args, log) -> list[dict]:
         algorithms = api.ALGORITHMS[collective]  # read now: the list grows with mpidp
         for inplace in ([None] if collective == "bcast" else modes):
             place = placement(inplace)
-            log(f"\n# {TITLES[collective]}, {place}, {n} ranks, {dtype}"
+            log(f"\n# {'gloo: ' if natives else ''}{TITLES[collective]}, {place}, {n} ranks, "
+                f"{dtype}"
                 + ("" if collective in ("allgather", "bcast") else f", op {args.op}"))
             log(header())
             largest = [s for s in sizes(args.min, args.max)
@@ -316,28 +329,33 @@ def sweep(comm, args, log) -> list[dict]:
                 case = Case(comm, collective, count, inplace, args.op, bufs)
                 case.setup()
                 warmup, iters = iterations(nbytes, args.iters, args.warmup)
-                native_us = None
-                calls = {"native": case.native()}
-                calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
+                native_us = (natives.get((collective, inplace, count * dtype.itemsize))
+                             if natives else None)  # a row's bytes: whole blocks
+                calls = {"gloo": gloo_call(case)} if natives else {"native": case.native()}
+                if not natives:
+                    calls.update((algorithm, case.mpidp(algorithm)) for algorithm in algorithms)
                 frees = []
-                if not args.no_persistent:  # planned once per size, started each iteration
+                if not args.no_persistent and not natives:  # planned once, started each time
                     for name in PERSISTENT:
                         calls[name], free = case.persistent(native=name.startswith("native"))
                         frees.append(free)
                 measured = time_rows(case, calls, warmup, iters)
                 for free in frees:
                     free()
-                for name in ("native", *algorithms, *(() if args.no_persistent else PERSISTENT)):
+                for name in calls:
                     algorithm, persistent = name.split()[0], name in PERSISTENT
-                    resolved = None if algorithm == "native" else api.choose(
+                    resolved = None if algorithm in ("native", "gloo") else api.choose(
                         comm, collective, count * dtype.itemsize, algorithm)
                     times, wrong = measured[name]
                     row = make_row(collective, algorithm, resolved, inplace, count, dtype,
                                    n, times, wrong, warmup, persistent)
                     if algorithm == "native":
                         native_us = row["time_us"]
-                    row["speedup"] = native_us / row["time_us"] if row["time_us"] > 0 else None
-                    if (nbytes in largest and algorithm != "native" and not persistent
+                    if algorithm == "gloo":
+                        row["implementation"] = args.gloo
+                    row["speedup"] = (native_us / row["time_us"] if native_us and row["time_us"] > 0
+                                      else None)
+                    if (nbytes in largest and algorithm not in ("native", "gloo") and not persistent
                             and not args.no_memory):
                         row.update(memory(case, algorithm))
                     rows.append(row)
@@ -375,6 +393,11 @@ def make_row(collective, algorithm, resolved, inplace, count, dtype, n, times, w
 # ------------------------------------------------------------------ metadata
 
 
+def library() -> str:
+    """The MPI library's version text (Open MPI's ends in a NUL byte)."""
+    return MPI.Get_library_version().replace("\x00", "").strip()
+
+
 def metadata(comm, args) -> dict:
     import mpi4py
 
@@ -383,8 +406,8 @@ def metadata(comm, args) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count(),
         "platform": platform.platform(), "python": platform.python_version(),
-        "mpi_library": MPI.Get_library_version().strip(),
-        "mpi_library_short": " ".join(MPI.Get_library_version().split()[:3]),
+        "mpi_library": library(),
+        "mpi_library_short": " ".join(library().split()[:3]).rstrip(","),
         "mpi4py": mpi4py.__version__, "numpy": np.__version__,
         "ranks": comm.Get_size(), "dtype": args.dtype, "op": args.op,
         "min_bytes": args.min, "max_bytes": args.max, "iters": args.iters,
@@ -401,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, n = comm.Get_rank(), comm.Get_size()
     log = print if rank == 0 else (lambda *a, **k: None)
     meta = metadata(comm, args)
+    meta["gloo"] = "off (--no-gloo)" if args.no_gloo else describe()
+    args.gloo = meta["gloo"] if meta["gloo"].startswith("torch") else None
     log(f"# mpidp collectives benchmark: {n} ranks, {args.dtype}, op {args.op}, "
         f"{human(args.min)} .. {human(args.max)}")
     log(f"# {meta['mpi_library_short']}; mpi4py {meta['mpi4py']}, numpy {meta['numpy']}; "
@@ -411,11 +436,19 @@ def main(argv: list[str] | None = None) -> int:
         "in turn, the order rotating by one per iteration, a barrier before each call")
     log("# time: slowest rank per iteration, median (and min) over iterations; "
         "busbw = algbw x (all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, bcast 1)")
+    log(f"# gloo: {meta['gloo']}")
     log("# vs native: native time / this time (>1: faster than the MPI library); "
         "#wrong: items differing from the native result, all ranks and iterations")
     try:
         rows = sweep(comm, args, log)
+        if args.gloo:  # only now: not even imported while the others are timed
+            start_gloo(comm)
+            rows += sweep(comm, args, log, {(r["collective"], r["inplace"], r["bytes"]):
+                                            r["time_us"] for r in rows
+                                            if r["algorithm"] == "native" and not r["persistent"]})
     finally:
+        if args.gloo:
+            stop_gloo()
         comm.Free()
     for line in format_memory(rows):
         log(line)

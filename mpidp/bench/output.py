@@ -115,6 +115,11 @@ def write_csv(path: str, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def series(row: dict) -> str:
+    """A row's line in the plots: 'auto persistent' apart from 'auto'."""
+    return row["algorithm"] + (" persistent" if row.get("persistent") else "")
+
+
 def plot(rows: list[dict], meta: dict, path: str) -> None:
     """One row of subplots per collective: busbw and latency against size, native dashed."""
     import matplotlib
@@ -130,10 +135,12 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
         mine = [r for r in rows if r["collective"] == collective]
         place = False if any(r["inplace"] is False for r in mine) else mine[0]["inplace"]
         mine = [r for r in mine if r["inplace"] is place]
-        for algorithm in dict.fromkeys(r["algorithm"] for r in mine):
-            line = [r for r in mine if r["algorithm"] == algorithm]
+        for algorithm in dict.fromkeys(series(r) for r in mine):
+            line = [r for r in mine if series(r) == algorithm]
             x = [r["bytes"] for r in line]
-            style = {"linestyle": "--", "color": "black"} if algorithm == "native" else {}
+            style = ({"linestyle": "--", "color": "black"} if algorithm == "native" else
+                     {"linestyle": ":", "color": "black"} if algorithm == "native persistent"
+                     else {})
             ax_bw.plot(x, [r["busbw_gbps"] for r in line], marker=".", label=algorithm, **style)
             ax_t.plot(x, [r["time_us"] for r in line], marker=".", label=algorithm, **style)
         title = f"{TITLES[collective]}, {placement(place)}, {meta.get('ranks')} ranks"

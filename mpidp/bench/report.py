@@ -2,12 +2,14 @@
 
     python -m mpidp.bench.report [--data docs/bench] [--img docs/img] [--out docs/benchmarks.md]
 
-Reads ``collectives-n<N>.json`` (from ``python -m mpidp.bench collectives --json``)
-for every rank count found in ``--data``, and, where present, ``overlap-n<N>.txt`` /
+Reads ``collectives-n<N>-r<K>.json`` (from ``python -m mpidp.bench collectives
+--json``, run K of N ranks; a lone ``collectives-n<N>.json`` where N has no runs
+numbered) for every rank count found in ``--data``, merged over runs (runs.py),
+and, where present, ``overlap-n<N>.txt`` /
 ``overlap-n<N>.json`` and ``calibrate-n<N>.txt`` (the other subcommands' output).
 Draws one PNG per rank count into ``--img`` and writes the page: the machine,
-the method, the headline ratios, every target of the benchmark issue with
-met / missed computed from the rows (never typed by hand), the tables, the
+the method, the headline ratios, every target of issue 18 with met / missed
+computed from the rows (targets.py; never typed by hand), the tables, the
 memory figures and the plots. A hand-written ``--notes`` file (the analysis of
 missed targets) is included verbatim if it exists. ``make bench`` runs it last.
 """
@@ -20,23 +22,17 @@ import json
 import os
 import re
 
-from .output import COLLECTIVES, TITLES, human, placement, plot
+from . import runs as merged_runs
+from .output import COLLECTIVES, TITLES, human, placement, plot, write_json
+from .runs import ratio_range
+from .targets import before, best_mpidp, evaluate, judged, status
 
-KIB, MIB = 1 << 10, 1 << 20
+MIB = 1 << 20
 STANDARD_MAX = 64 * MIB
 
-# The targets of the benchmark issue, per collective and placement (medians):
-LARGE_FROM = 1 * MIB  # at every size >= this: best mpidp algorithm >= LARGE_SPEEDUP x native
-LARGE_SPEEDUP = 1.0
-AUTO_SLACK = 1.10  # at every size: auto's time <= AUTO_SLACK x the best mpidp algorithm's
-SMALL_UP_TO = 4 * KIB  # at every size <= this: auto's time <= SMALL_SLOWDOWN x native's
-SMALL_SLOWDOWN = 3.0
-
-
-# ------------------------------------------------------------------ reading the rows
 
 def group(rows: list[dict]) -> dict:
-    """{(collective, inplace): {bytes: {algorithm: row}}}, in sweep order."""
+    """{(collective, inplace): {bytes: {name: row}}}, in sweep order; name "auto persistent"..."""
     out: dict = {}
     for r in rows:
         name = r["algorithm"] + (" persistent" if r.get("persistent") else "")
@@ -44,80 +40,12 @@ def group(rows: list[dict]) -> dict:
     return out
 
 
-def mpidp_names(by_alg: dict) -> list[str]:
-    """The algorithms of one size other than native and auto (plain calls, not persistent)."""
-    return [a for a in by_alg if a not in ("native", "auto") and not a.endswith(" persistent")]
-
-
-def best_mpidp(by_alg: dict) -> dict | None:
-    """The fastest (median) mpidp algorithm's row at one size, auto not counted."""
-    names = mpidp_names(by_alg)
-    return min((by_alg[a] for a in names), key=lambda r: r["time_us"]) if names else None
-
-
-def targets(sizes: dict) -> list[dict]:
-    """Evaluate the three targets for one (collective, placement): {bytes: {algorithm: row}}.
-
-    Each entry: target (text), met (True/False/None: not measured), worst (the
-    figure at the worst size), at (that size), detail (the sentence for the page).
-    """
-    out = []
-    large = [(b, best_mpidp(a), a["native"]) for b, a in sizes.items()
-             if b >= LARGE_FROM and "native" in a and best_mpidp(a)]
-    text = f"≥ {human(LARGE_FROM)}: best mpidp algorithm ≥ {LARGE_SPEEDUP:.1f}x native"
-    if large:
-        b, best, native = min(large, key=lambda t: t[2]["time_us"] / t[1]["time_us"])
-        ratio = native["time_us"] / best["time_us"]
-        met = ratio >= LARGE_SPEEDUP
-        detail = (f"worst at {human(b)}: {best['algorithm']} {ratio:.2f}x native"
-                  + ("" if met else f" (missed by {100 * (1 - ratio / LARGE_SPEEDUP):.0f}%)"))
-        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
-    else:
-        out.append({"target": text, "met": None, "worst": None, "at": None,
-                    "detail": f"not measured (no size ≥ {human(LARGE_FROM)})"})
-
-    autos = [(b, a["auto"], best_mpidp(a)) for b, a in sizes.items()
-             if "auto" in a and best_mpidp(a)]
-    text = f"every size: auto within {100 * (AUTO_SLACK - 1):.0f}% of the best mpidp algorithm"
-    if autos:
-        b, auto, best = max(autos, key=lambda t: t[1]["time_us"] / t[2]["time_us"])
-        ratio = auto["time_us"] / best["time_us"]
-        met = ratio <= AUTO_SLACK
-        chose = auto.get("resolved") or "?"
-        detail = (f"worst at {human(b)}: auto ({chose}) {ratio:.2f}x the time of "
-                  f"{best['algorithm']}" + ("" if met else
-                                            f" (missed by {100 * (ratio / AUTO_SLACK - 1):.0f}%)"))
-        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
-    else:
-        out.append({"target": text, "met": None, "worst": None, "at": None,
-                    "detail": "not measured"})
-
-    small = [(b, a["auto"], a["native"]) for b, a in sizes.items()
-             if b <= SMALL_UP_TO and "auto" in a and "native" in a]
-    text = f"≤ {human(SMALL_UP_TO)}: auto within {SMALL_SLOWDOWN:.0f}x native latency"
-    if small:
-        b, auto, native = max(small, key=lambda t: t[1]["time_us"] / t[2]["time_us"])
-        ratio = auto["time_us"] / native["time_us"]
-        met = ratio <= SMALL_SLOWDOWN
-        detail = (f"worst at {human(b)}: auto {auto['time_us']:.1f} µs, native "
-                  f"{native['time_us']:.1f} µs = {ratio:.1f}x"
-                  + ("" if met else f" (missed by {100 * (ratio / SMALL_SLOWDOWN - 1):.0f}%)"))
-        out.append({"target": text, "met": met, "worst": ratio, "at": b, "detail": detail})
-    else:
-        out.append({"target": text, "met": None, "worst": None, "at": None,
-                    "detail": f"not measured (no size ≤ {human(SMALL_UP_TO)})"})
-    return out
-
-
-def status(met: bool | None) -> str:
-    return {True: "met", False: "**missed**", None: "not measured"}[met]
-
-
 # ------------------------------------------------------------------ the page, section by section
 
 def machine(runs: list[dict]) -> list[str]:
     m = runs[0]
-    lib = [" ".join(line.split()) for line in m.get("mpi_library", "?").splitlines()]
+    lib = [" ".join(line.split())
+           for line in m.get("mpi_library", "?").replace("\x00", "").splitlines()]
     lines = ["## Machine", "",
              f"- CPU: {m.get('cpu', '?')}, {m.get('cores', '?')} cores ({m.get('host', '?')}, "
              f"{m.get('platform', '?')})",
@@ -125,7 +53,11 @@ def machine(runs: list[dict]) -> list[str]:
              + (f" ({', '.join(s.strip() for s in lib[1:4])})" if len(lib) > 1 else ""),
              f"- Python {m.get('python', '?')}, mpi4py {m.get('mpi4py', '?')}, "
              f"numpy {m.get('numpy', '?')}",
-             "- runs: " + "; ".join(f"{r['ranks']} ranks on {r.get('date', '?')}" for r in runs),
+             "- runs: " + "; ".join(f"{r['ranks']} ranks on " + ", ".join(r.get("dates")
+                                                                       or [r.get("date", "?")])
+                                    for r in runs),
+             f"- peers: native ({m.get('mpi_library_short', '?')}); gloo: "
+             f"{m.get('gloo', 'not installed')}",
              ""]
     return lines
 
@@ -150,16 +82,36 @@ def method(runs: list[dict]) -> list[str]:
         "Speed-up = native time / algorithm time (> 1: faster than the MPI library). "
         "busbw = size / time × (all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, "
         "broadcast 1), as nccl-tests. Size is the whole vector. Every result, warm-up "
-        "included, is compared with the native result.", ""]
+        "included, is compared with the native result.", "",
+        f"Each rank count's sweep ran {' / '.join(str(r.get('runs', 1)) for r in runs)} "
+        "time(s) (2 ranks / 4 ranks, at different moments): every figure is the median over "
+        "runs of each run's median, and where a ratio is given with *runs a-b* that is its "
+        "lowest and highest value within one run (native and the algorithm timed side by "
+        "side in the same run). *Native persistent* is the MPI library's `*_init` form, "
+        "*auto persistent* mpidp's (`mpidp.allreduce_init` ...), planned once per size, "
+        "started each iteration. *gloo* (where PyTorch is installed) is "
+        "`torch.distributed` with the gloo backend on the same buffers (`torch.from_numpy` "
+        "views): `all_reduce` is in place only, so its out-of-place row includes copying "
+        "sendbuf into recvbuf first, as a user would.", ""]
+
+
+def ratio_text(num: dict, den: dict) -> str:
+    """'1.25x (1.20-1.31)': num/den of the medians, and its range over runs."""
+    rng = ratio_range(num, den)
+    return f"{num['time_us'] / den['time_us']:.2f}x" + (
+        f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng and rng[0] != rng[1] else "")
 
 
 def headline(runs: list[dict]) -> list[str]:
     lines = ["## Headline", "",
-             "Largest size: the best mpidp algorithm and auto against native; smallest size: "
-             "auto's latency against native's (out of place where measured).", "",
+             "Largest size: the best mpidp algorithm and auto against native (speed-up = "
+             "native time / mpidp time); smallest size: auto's latency, plain and persistent, "
+             "against native's (out of place where measured). In brackets: the lowest and "
+             "highest value of the ratio within one run.", "",
              "| ranks | collective | size | native µs | best mpidp | speed-up | auto | "
-             "auto speed-up | smallest | native µs | auto µs | auto / native |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "auto speed-up | smallest | native µs | auto µs | auto / native | "
+             "auto persistent / native |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         groups = group(run["rows"])
         for collective in COLLECTIVES:
@@ -173,33 +125,47 @@ def headline(runs: list[dict]) -> list[str]:
             best = best_mpidp(b)
             if "native" not in b or best is None or "auto" not in b:
                 continue
-            nat = b["native"]["time_us"]
+            nat, snat = b["native"], s["native"]
+            persistent = (ratio_text(s["auto persistent"], snat) if "auto persistent" in s
+                          else "")
             lines.append(
-                f"| {run['ranks']} | {TITLES[collective]} | {human(big)} | {nat:.0f} | "
-                f"{best['algorithm']} | {nat / best['time_us']:.2f}x | "
-                f"{b['auto'].get('resolved')} | {nat / b['auto']['time_us']:.2f}x | "
-                f"{human(small)} | {s['native']['time_us']:.1f} | {s['auto']['time_us']:.1f} | "
-                f"{s['auto']['time_us'] / s['native']['time_us']:.1f}x |")
+                f"| {run['ranks']} | {TITLES[collective]} | {human(big)} | "
+                f"{nat['time_us']:.0f} | {best['algorithm']} | {ratio_text(nat, best)} | "
+                f"{b['auto'].get('resolved')} | {ratio_text(nat, b['auto'])} | "
+                f"{human(small)} | {snat['time_us']:.1f} | {s['auto']['time_us']:.1f} | "
+                f"{ratio_text(s['auto'], snat)} | {persistent} |")
     return [*lines, ""]
 
 
-def target_table(runs: list[dict]) -> tuple[list[str], int, int]:
+def target_table(runs: list[dict], baseline: list[dict] | None = None
+                 ) -> tuple[list[str], int, int]:
+    """Issue 18's targets: judged on 2 ranks, reported on the others; beside the baseline's."""
+    then = {r["ranks"]: group(r["rows"]) for r in baseline or []}
     lines = ["## Targets", "",
-             "From the benchmark issue, evaluated on the medians above for every collective "
-             "and placement; *worst* is the size where the target is closest to failing "
-             "(or fails by most).", "",
-             "| ranks | collective | placement | target | status | worst case |",
-             "|---|---|---|---|---|---|"]
+             "From issue 18, evaluated on the medians over runs for every collective and "
+             "placement; judged on 2 ranks (one core per rank), reported on the others "
+             "(oversubscribed here: not a target). *Worst case* is the size where the target "
+             "is closest to failing (or fails by most), with its range over runs. *Before*: "
+             "the same figure on the previously committed run (docs/bench/baseline), where "
+             "it had the rows. *best algorithm* is the fastest mpidp algorithm at that size, "
+             "auto not counted.", "",
+             "| ranks | collective | placement | target | status | worst case | before |",
+             "|---|---|---|---|---|---|---|"]
     met = total = 0
     for run in runs:
         groups = group(run["rows"])
         for (collective, inplace), sizes in groups.items():
-            for t in targets(sizes):
-                total += t["met"] is not None
-                met += bool(t["met"])
+            old = then.get(run["ranks"], {}).get((collective, inplace))
+            old_targets = evaluate(collective, old) if old else []
+            for i, t in enumerate(evaluate(collective, sizes)):
+                if judged(run["ranks"]):
+                    total += t["met"] is not None
+                    met += bool(t["met"])
+                prev = before(t, old_targets[i]) if old_targets else "—"
                 lines.append(f"| {run['ranks']} | {TITLES[collective]} | {placement(inplace)} | "
-                             f"{t['target']} | {status(t['met'])} | {t['detail']} |")
-    lines[2] = f"{met} of {total} measured targets met. " + lines[2]
+                             f"{t['target']} | {status(t['met'], run['ranks'])} | "
+                             f"{t['detail']} | {prev} |")
+    lines[2] = f"{met} of {total} judged targets met. " + lines[2]
     return [*lines, ""], met, total
 
 
@@ -218,8 +184,8 @@ def tables(run: dict) -> list[str]:
         lines += [f"**{TITLES[collective]}, {placement(inplace)}**: median µs "
                   "(speed-up over native); busbw in GB/s", "",
                   "| size | count | native | " + " | ".join(names) + " | busbw native | "
-                  "busbw best |",
-                  "|---" * (len(names) + 5) + "|"]
+                  "busbw best |" + (" busbw gloo |" if "gloo" in names else ""),
+                  "|---" * (len(names) + 5 + ("gloo" in names)) + "|"]
         for nbytes, by_alg in sizes.items():
             native = by_alg.get("native")
             cells = []
@@ -241,7 +207,8 @@ def tables(run: dict) -> list[str]:
                          + " | ".join(cells) + " | "
                          + (f"{native['busbw_gbps']:.3f}" if native else "") + " | "
                          + (f"{best['busbw_gbps']:.3f} ({best['algorithm']})" if best else "")
-                         + " |")
+                         + " |" + (f" {by_alg['gloo']['busbw_gbps']:.3f} |" if "gloo" in by_alg
+                                   else " |" if "gloo" in names else ""))
         lines.append("")
     return lines
 
@@ -304,18 +271,23 @@ def overlap_headline(paths: list[str]) -> list[str]:
 
 
 def ranks_of(path: str) -> int:
-    m = re.search(r"-n(\d+)\.", os.path.basename(path))
+    m = re.search(r"-n(\d+)[.-]", os.path.basename(path))
     return int(m.group(1)) if m else 0
 
 
 def render(runs: list[dict], images: dict, data_dir: str, out_dir: str, note: str = "",
-           notes_text: str = "") -> str:
-    """The whole page. `images`: {ranks: png path}; paths in the page are relative to out_dir."""
+           notes_text: str = "", baseline: list[dict] | None = None,
+           see_also: list[str] | None = None, title: str = "Benchmarks") -> str:
+    """The whole page. `images`: {ranks: png path}; paths in the page are relative to out_dir.
+
+    `baseline`: the previously committed runs, for the targets' *before* column;
+    `see_also`: other pages of the same kind (another MPI library's), linked at the top.
+    """
 
     def rel(path: str) -> str:
         return os.path.relpath(path, out_dir)
 
-    lines = ["# Benchmarks", "",
+    lines = [f"# {title}", "",
              "<!-- generated by `python -m mpidp.bench.report` (`make bench`); do not edit: "
              "edit the notes file or the generator -->", "",
              "mpidp's collectives against the MPI library's own, on one machine, "
@@ -323,6 +295,10 @@ def render(runs: list[dict], images: dict, data_dir: str, out_dir: str, note: st
              + ", ".join(f"[{os.path.basename(p)}]({rel(p)})"
                          for p in sorted(glob.glob(os.path.join(data_dir, "collectives-n*.*"))))
              + ").", ""]
+    others = [p for p in see_also or [] if os.path.exists(p)]
+    if others:
+        lines += ["The same sweep against another MPI library: "
+                  + ", ".join(f"[{os.path.basename(p)}]({rel(p)})" for p in others) + ".", ""]
     if note:
         lines += [f"> **{note}**", ""]
     short = [r for r in runs if r.get("max_bytes", STANDARD_MAX) < STANDARD_MAX]
@@ -331,7 +307,7 @@ def render(runs: list[dict], images: dict, data_dir: str, out_dir: str, note: st
                   f"run(s) stop at {human(short[0]['max_bytes'])} instead of "
                   f"{human(STANDARD_MAX)}.", ""]
     lines += machine(runs) + method(runs) + headline(runs)
-    target_lines, _, _ = target_table(runs)
+    target_lines, _, _ = target_table(runs, baseline)
     lines += target_lines
     if notes_text:
         lines += ["## Analysis", "", notes_text.rstrip(), ""]
@@ -358,11 +334,8 @@ def render(runs: list[dict], images: dict, data_dir: str, out_dir: str, note: st
 
 
 def load_runs(data_dir: str) -> list[dict]:
-    runs = []
-    for path in sorted(glob.glob(os.path.join(data_dir, "collectives-n*.json")), key=ranks_of):
-        with open(path) as f:
-            runs.append(json.load(f))
-    return runs
+    """Every rank count's runs, merged (median over runs; see runs.py)."""
+    return merged_runs.load(data_dir)
 
 
 README_BEGIN, README_END = "<!-- bench-headline -->", "<!-- /bench-headline -->"
@@ -387,8 +360,8 @@ def update_readme(path: str, runs: list[dict]) -> bool:
     _, met, total = target_table(runs)
     table = headline(runs)[4:]  # the table rows, without the page's heading and intro
     return replace_marked(path, README_BEGIN, README_END, [
-        *table, f"{met} of {total} measured targets met; the page says which, by how much, "
-        "and why."])
+        *table, f"{met} of {total} judged targets met (2 ranks); the page says which, by how "
+        "much, and why."])
 
 
 def overlap_tables(paths: list[str]) -> list[str]:
@@ -419,14 +392,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--notes", default="docs/benchmarks-notes.md",
                    help="hand-written analysis included verbatim, if the file exists")
     p.add_argument("--note", default="", help="a banner line at the top (e.g. 'preliminary')")
+    p.add_argument("--title", default="Benchmarks", help="the page's heading")
+    p.add_argument("--merged", action="store_true", help="also write each rank count's runs "
+                   "merged (medians over runs) as collectives-n<N>.json in --data, the one "
+                   "file per rank count that `python -m mpidp.sim predict --compare` reads")
     p.add_argument("--readme", default="", help=f"update the headline between {README_BEGIN} "
                    f"and {README_END} in this file")
     p.add_argument("--overlap-doc", default="", help=f"update the tables between "
                    f"{OVERLAP_BEGIN} and {OVERLAP_END} in this file from overlap-n*.json")
+    p.add_argument("--baseline", default="", help="a folder of previously committed "
+                   "collectives-n*.json: the targets' 'before' column")
+    p.add_argument("--see-also", action="append", default=[], metavar="PAGE",
+                   help="link this page (another MPI library's) at the top, if it exists")
     args = p.parse_args(argv)
     runs = load_runs(args.data)
     if not runs:
         p.error(f"no collectives-n*.json in {args.data}")
+    if args.merged:
+        for run in runs:
+            if run.get("runs", 1) > 1:
+                write_json(os.path.join(args.data, f"collectives-n{run['ranks']}.json"),
+                           {k: v for k, v in run.items() if k != "rows"}, run["rows"])
     os.makedirs(args.img, exist_ok=True)
     images = {}
     for run in runs:
@@ -437,12 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.notes) as f:
             notes_text = f.read()
     out_dir = os.path.dirname(os.path.abspath(args.out))
+    baseline = load_runs(args.baseline) if args.baseline else []
     page = render(runs, {k: os.path.abspath(v) for k, v in images.items()},
-                  os.path.abspath(args.data), out_dir, args.note, notes_text)
+                  os.path.abspath(args.data), out_dir, args.note, notes_text, baseline,
+                  [os.path.abspath(p) for p in args.see_also], args.title)
     with open(args.out, "w") as f:
         f.write(page)
     _, met, total = target_table(runs)
-    print(f"wrote {args.out} ({met} of {total} measured targets met) and "
+    print(f"wrote {args.out} ({met} of {total} judged targets met) and "
           f"{len(images)} plot(s) in {args.img}")
     if args.readme and update_readme(args.readme, runs):
         print(f"updated the headline in {args.readme}")
