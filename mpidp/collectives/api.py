@@ -27,16 +27,19 @@ from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
     rabenseifner_allreduce,
+    rabenseifner_article_allreduce,
     rabenseifner_scratch,
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
     recursive_halving_reduce_scatter,
 )
+from .hierarchical import hierarchical_allreduce
 from .ops import resolve_op
 from .plan import Call, Plan, copy_rounds, no_rounds, planned
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
+from .topology import placement
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
@@ -50,6 +53,8 @@ ALLREDUCE = {
     "recursive_doubling": (recursive_doubling_allreduce, lambda blocks: blocks.total),
     "naive": (naive_allreduce, lambda blocks: blocks.total),
     "direct": (direct_allreduce, direct_scratch),
+    "rabenseifner_article": (rabenseifner_article_allreduce, rabenseifner_scratch),
+    "hierarchical": (hierarchical_allreduce, lambda blocks: blocks.total),
 }
 REDUCE_SCATTER = {
     "ring": (ring_reduce_scatter, lambda blocks: blocks.max),
@@ -58,6 +63,10 @@ REDUCE_SCATTER = {
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
+
+# algorithms whose messages depend on the placement: planning one learns it (collective,
+# once per communicator, `topology.placement`), so that the rounds can read it
+PLACED = frozenset({"rabenseifner", "hierarchical", "recursive_halving", "recursive_doubling"})
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -87,6 +96,8 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     """
     names = check_algorithm(collective, algorithm)
     if algorithm != "auto":
+        if algorithm in PLACED:
+            placement(comm)  # a dict lookup once known
         return algorithm
     if comm.Get_size() == 1:
         return names[0]

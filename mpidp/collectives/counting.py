@@ -33,8 +33,12 @@ def _nbytes(buf) -> int:
 class CountingComm:
     """Forwards everything to `comm`; counts what goes through the send/receive calls."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, placement=None):
+        """`placement`: the host of each rank, as the algorithms should see it (a test of
+        traffic across hosts on one machine); None: the wrapped comm's (`topology`)."""
         self.comm = comm
+        if placement is not None:
+            self.placement = tuple(placement)
         self.reset()
 
     def reset(self) -> None:
