@@ -14,6 +14,10 @@ L = ⌈log2 N⌉); each line is the docstring formula of the algorithm's module:
                     recursive_doubling  k(α + Gβ + Gγ) + f·(2α + 2Gβ + Gγ)
                     naive               L(2α + 2Gβ + Gγ)
                     direct              (N-1)(α + Gβ + Gγ)
+                    rabenseifner_article  as rabenseifner
+                    hierarchical        2(L-1)α + 2G(L-1)/L·β + G(L-1)/L·γ
+                                        + 2(H-1)α + 2(G/L)(H-1)/H·β + (G/L)(H-1)/H·γ
+                                        (H hosts, at most L ranks on one; one host: the ring)
     reduce_scatter  ring                (N-1)α + G(N-1)/N·(β + γ)
                     recursive_halving   kα + G(q-1)/q·(β + γ) + f·(3α + Gβ + G/2·γ + G/N·β)
     allgather       ring                (N-1)α + G(N-1)/N·β
@@ -41,8 +45,14 @@ every rank: a rank that chose differently from the others would deadlock. It
 takes tens of milliseconds, never runs on import, and is kept in the
 communicator's state (`state`: a duplicate calibrates again unless it inherits
 the model, as `DataParallel`'s does).
-``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed]`` in the
-environment, or `set_model`, skip it.
+``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed[,beta_inter]]`` in
+the environment, or `set_model`, skip it.
+
+Across hosts (the placement, `topology`, spans several) an all-reduce's time adds
+the bytes through the busiest host link at beta_inter (`topology.link_bytes`:
+the ring 1.5G for 2 hosts × 2 ranks, Rabenseifner nearest first and hierarchical
+G, the article's order 2G); `topology.calibrate_link` measures beta_inter. On one host, or
+with beta_inter 0, nothing is added: the choice is what it was.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, section 3.
 """
@@ -61,7 +71,7 @@ from .blocks import Blocks
 from .halving import recursive_doubling_allreduce
 from .ops import MAX, SUM
 from .ring import ring_allreduce
-from .schedule import Recv, Rounds, Send, run
+from .schedule import Rounds, run
 from .state import state
 
 
@@ -181,7 +191,7 @@ def model(comm) -> Model:
             m = calibrate(comm)
             hosts = topology.placement(comm)
             if topology.spans_hosts(hosts):  # one host: nothing changes
-                m = m._replace(beta_inter=calibrate_link(comm, hosts))
+                m = m._replace(beta_inter=topology.calibrate_link(comm, hosts))
         m = set_model(comm, *m)
     return m
 
@@ -267,39 +277,3 @@ def _calibrate(comm, tag: int) -> Model:
                                            np.empty_like(mine), mine), tag)
     return Model(*(total / n))
 
-
-LINK_PROBE = 1 << 20  # bytes each rank sends across to time the host links
-
-
-def calibrate_link(comm, hosts: tuple) -> float:
-    """Seconds per byte through a host's link; collective, on a comm that spans hosts.
-
-    Every rank sends LINK_PROBE bytes to the rank of the same local index on the next
-    host and receives as much from the previous one, all at once, as the hierarchical
-    all-reduce's step across does: a link carries ppn probes per direction. The
-    fastest of 3, the slowest rank's, over the bytes of the busiest link.
-    """
-    rank, H = comm.Get_rank(), max(hosts) + 1
-    members = [[q for q in range(len(hosts)) if hosts[q] == h] for h in range(H)]
-    j, h = members[hosts[rank]].index(rank), hosts[rank]
-    right, left = members[(h + 1) % H], members[(h - 1) % H]
-    buf, tmp = np.zeros(LINK_PROBE, np.uint8), np.empty(LINK_PROBE, np.uint8)
-
-    def exchange():
-        yield [*([Send(buf, right[j])] if j < len(right) else []),
-               *([Recv(tmp, left[j])] if j < len(left) else [])]
-
-    st = state(comm)
-    slot = st.take()
-    try:
-        tag, best_s = st.tag(slot), np.inf
-        for _ in range(4):  # the first one opens the connections
-            t0 = time.perf_counter()
-            run(comm, exchange(), tag)
-            best_s = min(best_s, time.perf_counter() - t0)
-        mine, slowest = np.array([best_s]), np.empty(1)
-        run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(1, comm.Get_size()),
-                                               MAX, np.empty(1), mine), tag)
-    finally:
-        st.release(slot)
-    return float(slowest[0]) / (LINK_PROBE * max(map(len, members)))

@@ -188,3 +188,49 @@ def link_bytes(algorithm: str, hosts, G: float) -> float:
                 b = 2 * w + 1 if w < r else w + r
                 send(a, b, G if algorithm == "recursive_doubling" else 2 * G / (2 << step))
     return max(max(out), max(into))
+
+
+LINK_PROBE = 1 << 20  # bytes each rank sends across to time the host links
+
+
+def calibrate_link(comm, hosts: tuple) -> float:
+    """Seconds per byte through a host's link; collective, on a comm that spans hosts.
+
+    Every rank sends LINK_PROBE bytes to the rank of the same local index on the next
+    host and receives as much from the previous one, all at once, as the hierarchical
+    all-reduce's step across does: a link carries ppn probes per direction. The
+    fastest of 3, the slowest rank's, over the bytes of the busiest link.
+    """
+    import time
+
+    import numpy as np
+
+    from .blocks import Blocks
+    from .halving import recursive_doubling_allreduce  # (halving imports this module)
+    from .ops import MAX
+    from .schedule import Recv, Send, run
+
+    rank, H = comm.Get_rank(), max(hosts) + 1
+    members = [[q for q in range(len(hosts)) if hosts[q] == h] for h in range(H)]
+    j, h = members[hosts[rank]].index(rank), hosts[rank]
+    right, left = members[(h + 1) % H], members[(h - 1) % H]
+    buf, tmp = np.zeros(LINK_PROBE, np.uint8), np.empty(LINK_PROBE, np.uint8)
+
+    def exchange():
+        yield [*([Send(buf, right[j])] if j < len(right) else []),
+               *([Recv(tmp, left[j])] if j < len(left) else [])]
+
+    st = state(comm)
+    slot = st.take()
+    try:
+        tag, best_s = st.tag(slot), np.inf
+        for _ in range(4):  # the first one opens the connections
+            t0 = time.perf_counter()
+            run(comm, exchange(), tag)
+            best_s = min(best_s, time.perf_counter() - t0)
+        mine, slowest = np.array([best_s]), np.empty(1)
+        run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(1, comm.Get_size()),
+                                               MAX, np.empty(1), mine), tag)
+    finally:
+        st.release(slot)
+    return float(slowest[0]) / (LINK_PROBE * max(map(len, members)))
