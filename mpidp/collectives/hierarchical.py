@@ -116,23 +116,22 @@ def hierarchical_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> 
     local = members[hosts[rank]]  # my host's ranks; I am local rank j
     L, j, P = len(local), local.index(rank), max(map(len, members))
     pieces = Blocks.even(buf.size, P)
+    bounds = [i * P // L for i in range(L + 1)]  # local rank i holds pieces bounds[i] .. [i+1]-1
+    mine = Blocks([pieces.start(bounds[i + 1]) - pieces.start(bounds[i]) for i in range(L)])
 
-    def first(j: int, L: int) -> int:  # local rank j of L holds pieces first(j) .. first(j+1)-1
-        return j * P // L
+    def holder(host: list, p: int) -> int:  # the rank of `host` that holds piece p
+        return host[((p + 1) * len(host) - 1) // P]
 
-    mine = Blocks([pieces.span(first(i, L), first(i + 1, L)).stop
-                   - pieces.span(first(i, L), first(i + 1, L)).start for i in range(L)])
     partial = Unfinished(op)
     if L > 1:  # 1. within my host: local rank j gets its pieces, summed over the host
         yield from on_ranks(ring_reduce_scatter(Group(j, L), buf, mine, partial, tmp, src), local)
         src = None
-    for p in range(first(j, L), first(j + 1, L)):  # 2. across hosts: each of my pieces
-        holders = [m[next(i for i in range(len(m)) if first(i, len(m)) <= p < first(i + 1, len(m)))]
-                   for m in members]  # one rank per host
-        piece = pieces.view(buf, p)
-        yield from on_ranks(ring_allreduce(
-            Group(holders.index(rank), len(holders)), piece, Blocks.even(piece.size, len(holders)),
-            partial, tmp, None if src is None else pieces.view(src, p)), holders)
+    for p in range(bounds[j], bounds[j + 1]):  # 2. across hosts: each of my pieces
+        holders = [holder(host, p) for host in members]  # one rank per host
+        piece, H = pieces.view(buf, p), len(holders)
+        yield from on_ranks(ring_allreduce(Group(holders.index(rank), H), piece,
+                                           Blocks.even(piece.size, H), partial, tmp,
+                                           None if src is None else pieces.view(src, p)), holders)
     op.finish(mine.view(buf, j), N)
     if L > 1:  # 3. within my host: everyone's pieces
         yield from on_ranks(ring_allgather(Group(j, L), buf, mine), local)

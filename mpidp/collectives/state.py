@@ -107,8 +107,10 @@ class CommState:
         return TAG_BASE + index * SLOTS + slot
 
     def inherit(self, parent: CommState) -> None:
-        """Take over `parent`'s cost model (a duplicate of the same ranks: no new calibration)."""
+        """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
+        new calibration, no new query)."""
         self.model, self.choices = parent.model, dict(parent.choices)
+        self.placement = parent.placement
 
 
 def signature(*args) -> int:
