@@ -198,8 +198,10 @@ def calibrate_link(comm, hosts: tuple) -> float:
 
     Every rank sends LINK_PROBE bytes to the rank of the same local index on the next
     host and receives as much from the previous one, all at once, as the hierarchical
-    all-reduce's step across does: a link carries ppn probes per direction. The
-    fastest of 3, the slowest rank's, over the bytes of the busiest link.
+    all-reduce's step across does: a link carries ppn probes per direction. Three
+    back to back after one that opens the connections (so that ranks that start
+    apart do not time a probe already on its way), the slowest rank's time over
+    the bytes of the busiest link.
     """
     import time
 
@@ -216,19 +218,19 @@ def calibrate_link(comm, hosts: tuple) -> float:
     right, left = members[(h + 1) % H], members[(h - 1) % H]
     buf, tmp = np.zeros(LINK_PROBE, np.uint8), np.empty(LINK_PROBE, np.uint8)
 
-    def exchange():
-        yield [*([Send(buf, right[j])] if j < len(right) else []),
-               *([Recv(tmp, left[j])] if j < len(left) else [])]
+    def exchange(times: int):
+        for _ in range(times):
+            yield [*([Send(buf, right[j])] if j < len(right) else []),
+                   *([Recv(tmp, left[j])] if j < len(left) else [])]
 
     st = state(comm)
     slot = st.take()
     try:
-        tag, best_s = st.tag(slot), np.inf
-        for _ in range(4):  # the first one opens the connections
-            t0 = time.perf_counter()
-            run(comm, exchange(), tag)
-            best_s = min(best_s, time.perf_counter() - t0)
-        mine, slowest = np.array([best_s]), np.empty(1)
+        tag = st.tag(slot)
+        run(comm, exchange(1), tag)  # opens the connections
+        t0 = time.perf_counter()
+        run(comm, exchange(3), tag)
+        mine, slowest = np.array([(time.perf_counter() - t0) / 3]), np.empty(1)
         run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(1, comm.Get_size()),
                                                MAX, np.empty(1), mine), tag)
     finally:
