@@ -155,10 +155,11 @@ def _halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, src,
 def _doubling(rank: int, q: int, buf, blocks: VirtualBlocks, masks: tuple, owner) -> Rounds:
     """Recursive doubling among q ranks, `masks` backwards; starts with the block whose
     `owner` is `rank`, ends with all q blocks."""
-    mine = [owner.index(rank)]  # the blocks I hold
+    block_of = {v: b for b, v in enumerate(owner)}  # rank -> the block it ended with
+    mine = [block_of[rank]]  # the blocks I hold
     for mask in reversed(masks):
         partner = rank ^ mask
-        theirs = sorted(owner.index(owner[b] ^ mask) for b in mine)  # as many, mirrored
+        theirs = sorted(block_of[owner[b] ^ mask] for b in mine)  # as many, mirrored
         yield ([Send(v, partner) for v in blocks.pieces(buf, mine)]
                + [Recv(v, partner) for v in blocks.pieces(buf, theirs)])
         mine = sorted(mine + theirs)
