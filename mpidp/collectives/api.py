@@ -39,6 +39,7 @@ from .plan import Call, Plan, copy_rounds, no_rounds, planned
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
+from .topology import placement
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
@@ -62,6 +63,10 @@ REDUCE_SCATTER = {
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
+
+# algorithms whose messages depend on the placement: planning one learns it (collective,
+# once per communicator, `topology.placement`), so that the rounds can read it
+PLACED = frozenset({"rabenseifner", "hierarchical", "recursive_halving", "recursive_doubling"})
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -91,6 +96,8 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     """
     names = check_algorithm(collective, algorithm)
     if algorithm != "auto":
+        if algorithm in PLACED:
+            placement(comm)  # a dict lookup once known
         return algorithm
     if comm.Get_size() == 1:
         return names[0]

@@ -17,7 +17,6 @@ from .checks import agree, debug_enabled
 from .ops import Op
 from .schedule import Request, Rounds, run
 from .state import CommState, check_user_tag, signature, state
-from .topology import placement
 
 
 class Call:
@@ -25,8 +24,6 @@ class Call:
 
     The slot is taken first, so a call that raises has used its number up on this
     rank as on the others; `end` gives the slot back when the collective is done.
-    The first call on a communicator learns its placement there too (a query,
-    collective: every rank makes its first call, whatever its arguments).
     A persistent call (``*_init``) keeps its slot and tag until it is freed.
     """
 
@@ -35,8 +32,6 @@ class Call:
     def __init__(self, comm, tag: int | None, debug: bool, persistent: bool = False):
         self.comm, self.debug, self.persistent = comm, debug, persistent
         self.state: CommState = state(comm)
-        if self.state.placement is None:  # once per communicator, before anything can raise
-            placement(comm)
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
         if persistent and self.slot is not None:

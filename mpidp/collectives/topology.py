@@ -7,9 +7,8 @@ by host. It is learned once per communicator and kept in its `state.CommState`:
 - an mpi4py communicator: ``Split_type(COMM_TYPE_SHARED)`` groups the ranks that
   share memory (a host), and an allgather of each group's leader (its lowest world
   rank) numbers them. Both are MPI collectives on the communicator (queries, not
-  data), so `placement` runs them where every rank arrives in the same order
-  whatever its arguments: the first mpidp collective on the communicator, where it
-  takes its place in the sequence (`plan.Call`), before any check can raise;
+  data), so `placement` runs them where every rank arrives in the same order: the
+  planning of the first collective that needs it, as `cost.calibrate` runs there;
 - a comm-like object says it with a ``placement`` attribute (`CountingComm`'s
   argument, the simulator's `SimComm`); None there means one host.
 
