@@ -64,9 +64,12 @@ REDUCE_SCATTER = {
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
-# algorithms whose messages depend on the placement: planning one learns it (collective,
-# once per communicator, `topology.placement`), so that the rounds can read it
-PLACED = frozenset({"rabenseifner", "hierarchical", "recursive_halving", "recursive_doubling"})
+# per collective, the algorithms whose messages depend on where the ranks run: planning one
+# learns the placement (once per communicator, `topology.placement`: a query, collective
+# like auto's calibration), after the call's tag, so that MPIDP_DEBUG's agreement check
+# comes first
+PLACED = {"allreduce": ("rabenseifner", "hierarchical"),
+          "reduce_scatter": ("recursive_halving",), "allgather": ("recursive_doubling",)}
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -96,8 +99,6 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     """
     names = check_algorithm(collective, algorithm)
     if algorithm != "auto":
-        if algorithm in PLACED:
-            placement(comm)  # a dict lookup once known
         return algorithm
     if comm.Get_size() == 1:
         return names[0]
@@ -113,6 +114,8 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     buf = recvbuf.reshape(-1)
     algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
     tag = call.tag("allreduce", buf.size, buf.dtype, op, algorithm)
+    if algorithm in PLACED["allreduce"]:
+        placement(comm)
     n = comm.Get_size()
     if sendbuf is not IN_PLACE and n == 1:  # one rank: no round will write recvbuf
         return Plan(call, copy_rounds, (buf, sendbuf.reshape(-1)), tag)
@@ -165,6 +168,8 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
                          f"{blocks.counts[rank]}")
     algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
     tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
+    if algorithm in PLACED["reduce_scatter"]:
+        placement(comm)
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
@@ -219,6 +224,8 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
     algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
     tag = call.tag("allgather", blocks.counts, buf.dtype, None, algorithm)
+    if algorithm in PLACED["allgather"]:
+        placement(comm)
     algo, args = ALLGATHER[algorithm], (comm, buf, blocks)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
         algo, args = copy_rounds, (blocks.view(buf, rank), sendbuf.reshape(-1), algo, *args)

@@ -8,7 +8,8 @@ by host. It is learned once per communicator and kept in its `state.CommState`:
   share memory (a host), and an allgather of each group's leader (its lowest world
   rank) numbers them. Both are MPI collectives on the communicator (queries, not
   data), so `placement` runs them where every rank arrives in the same order: the
-  planning of the first collective that needs it, as `cost.calibrate` runs there;
+  planning of the first collective that needs it (`api.PLACED`, or `auto`), as
+  `cost.calibrate` runs there, after the agreement check of MPIDP_DEBUG;
 - a comm-like object says it with a ``placement`` attribute (`CountingComm`'s
   argument, the simulator's `SimComm`); None there means one host.
 
