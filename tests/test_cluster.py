@@ -120,6 +120,25 @@ def rank_collectives() -> None:
         print("BUSBW " + json.dumps(out), flush=True)
 
 
+def rank_placed(algorithm: str, items: int, calls: int) -> None:
+    """`calls` in-place all-reduces of `items` float32 with `algorithm`, checked."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpidp
+    from mpidp.collectives import topology
+
+    comm = MPI.COMM_WORLD
+    x = np.ones(items, np.float32)
+    for _ in range(calls):
+        x.fill(1.0)
+        mpidp.allreduce(comm, mpidp.IN_PLACE, x, algorithm=algorithm)
+        assert (x == comm.Get_size()).all(), algorithm
+    hosts = topology.placement(comm)  # collective (learned already, or now: every rank)
+    if comm.Get_rank() == 0:
+        print("PLACEMENT " + json.dumps(hosts), flush=True)
+
+
 def rank_fault(mode: str, logdir: str) -> None:
     """All-reduce in a loop until the test cuts a link or a rank dies; the watchdog ends it.
 
@@ -333,6 +352,34 @@ def test_training_resumed_after_a_fault_matches_an_uninterrupted_run(tmp_path):
 
 
 @needs_cluster
+@needs_hydra
+def test_bytes_through_a_host_link_hierarchical_vs_the_articles_order():
+    """2 hosts x 2 ranks: the hierarchical all-reduce sends G through a host's link per
+    direction, Rabenseifner in the article's order 2·G (the link counters, TCP/MPI
+    overhead and the launch's own traffic within 3% + 0.5 MiB), nearest first G too;
+    the ranks learn the placement themselves (Split_type)."""
+    items, calls = 1 << 20, 2  # G = 4 MiB, twice
+    G = 4 * items
+    with cluster.Cluster(2, rate="1gbit") as c:
+        through = {}
+        for algorithm in ("hierarchical", "rabenseifner_article", "rabenseifner"):
+            before = c.counters(0)
+            r = c.run(4, _rank_argv("placed", algorithm, str(items), str(calls)), ppn=2,
+                      timeout=60, capture=True)
+            after = c.counters(0)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "PLACEMENT [0, 0, 1, 1]" in r.stdout, r.stdout
+            # the bridge side: rx is what host 0 sent, tx what it received
+            through[algorithm] = [(after[k] - before[k]) / (calls * G) for k in ("rx", "tx")]
+    _clean()
+    slack = 0.03 + (1 << 19) / (calls * G)
+    for algorithm, want in (("hierarchical", 1.0), ("rabenseifner_article", 2.0),
+                            ("rabenseifner", 1.0)):
+        for got in through[algorithm]:
+            assert want <= got <= want + slack, (algorithm, through)
+
+
+@needs_cluster
 def test_the_cluster_is_available_as_root_with_iproute2():
     ok, why = cluster.available()
     assert ok, f"root, with ip and tc, yet: {why}"
@@ -455,5 +502,7 @@ def test_a_delay_needs_netem():
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         rank_collectives()
+    elif sys.argv[1] == "placed":
+        rank_placed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "fault":
         rank_fault(sys.argv[2], sys.argv[3])

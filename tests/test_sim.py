@@ -9,12 +9,15 @@ import inspect
 import numpy as np
 import pytest
 
-from mpidp.collectives import direct, halving, ring, tree
+from mpidp.collectives import direct, halving, hierarchical, ring, topology, tree
 from mpidp.collectives.schedule import Recv, Send
 from mpidp.sim import COLLECTIVES, ScheduleError, Sim, SimComm, names, simulate
 from mpidp.sim.table import command, format_table, table
 
-ALGORITHM_MODULES = (ring, halving, tree, direct)
+ALGORITHM_MODULES = (ring, halving, tree, direct, hierarchical, topology)
+# tables across hosts in the docstrings: (algorithm, collective, ranks per host), N = 4
+PLACED_TABLES = (("hierarchical", "allreduce", 2), ("rabenseifner", "allreduce", 2),
+                 ("rabenseifner_article", "allreduce", 2))
 
 
 def run(N, algorithm):
@@ -57,6 +60,15 @@ def drifted(tables) -> list[str]:
             elif tables[cmd][1] != table(name, collective, 4):
                 problems.append(f"{tables[cmd][0]}: the table under `{cmd}` differs from what "
                                 f"the code does; it prints:\n{table(name, collective, 4)}")
+    for name, collective, ppn in PLACED_TABLES:  # 2 hosts x 2 ranks: what placement costs
+        cmd = command(name, collective, 4) + f" --ppn {ppn}"
+        expected.add(cmd)
+        printed = table(name, collective, 4, placement=topology.layout(4, ppn=ppn))
+        if cmd not in tables:
+            problems.append(f"no table across hosts for {name!r} (want: {cmd})")
+        elif tables[cmd][1] != printed:
+            problems.append(f"{tables[cmd][0]}: the table under `{cmd}` differs from what "
+                            f"the code does; it prints:\n{printed}")
     problems += [f"a table of no registered algorithm: {cmd}" for cmd in set(tables) - expected]
     return problems
 

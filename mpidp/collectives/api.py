@@ -27,16 +27,19 @@ from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
     rabenseifner_allreduce,
+    rabenseifner_article_allreduce,
     rabenseifner_scratch,
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
     recursive_halving_reduce_scatter,
 )
+from .hierarchical import hierarchical_allreduce
 from .ops import resolve_op
 from .plan import Call, Plan, copy_rounds, no_rounds, planned
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
+from .topology import placement
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
@@ -50,6 +53,8 @@ ALLREDUCE = {
     "recursive_doubling": (recursive_doubling_allreduce, lambda blocks: blocks.total),
     "naive": (naive_allreduce, lambda blocks: blocks.total),
     "direct": (direct_allreduce, direct_scratch),
+    "rabenseifner_article": (rabenseifner_article_allreduce, rabenseifner_scratch),
+    "hierarchical": (hierarchical_allreduce, lambda blocks: blocks.total),
 }
 REDUCE_SCATTER = {
     "ring": (ring_reduce_scatter, lambda blocks: blocks.max),
@@ -58,6 +63,13 @@ REDUCE_SCATTER = {
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
+
+# per collective, the algorithms whose messages depend on where the ranks run: planning one
+# learns the placement (once per communicator, `topology.placement`: a query, collective
+# like auto's calibration), after the call's tag, so that MPIDP_DEBUG's agreement check
+# comes first
+PLACED = {"allreduce": ("rabenseifner", "hierarchical"),
+          "reduce_scatter": ("recursive_halving",), "allgather": ("recursive_doubling",)}
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -102,6 +114,8 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     buf = recvbuf.reshape(-1)
     algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
     tag = call.tag("allreduce", buf.size, buf.dtype, op, algorithm)
+    if algorithm in PLACED["allreduce"]:
+        placement(comm)
     n = comm.Get_size()
     if sendbuf is not IN_PLACE and n == 1:  # one rank: no round will write recvbuf
         return Plan(call, copy_rounds, (buf, sendbuf.reshape(-1)), tag)
@@ -154,6 +168,8 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
                          f"{blocks.counts[rank]}")
     algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
     tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
+    if algorithm in PLACED["reduce_scatter"]:
+        placement(comm)
     out = recvbuf.reshape(-1)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
@@ -208,6 +224,8 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
     algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
     tag = call.tag("allgather", blocks.counts, buf.dtype, None, algorithm)
+    if algorithm in PLACED["allgather"]:
+        placement(comm)
     algo, args = ALLGATHER[algorithm], (comm, buf, blocks)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
         algo, args = copy_rounds, (blocks.view(buf, rank), sendbuf.reshape(-1), algo, *args)

@@ -14,6 +14,10 @@ L = ⌈log2 N⌉); each line is the docstring formula of the algorithm's module:
                     recursive_doubling  k(α + Gβ + Gγ) + f·(2α + 2Gβ + Gγ)
                     naive               L(2α + 2Gβ + Gγ)
                     direct              (N-1)(α + Gβ + Gγ)
+                    rabenseifner_article  as rabenseifner
+                    hierarchical        2(L-1)α + 2G(L-1)/L·β + G(L-1)/L·γ
+                                        + 2(H-1)α + 2(G/L)(H-1)/H·β + (G/L)(H-1)/H·γ
+                                        (H hosts, at most L ranks on one; one host: the ring)
     reduce_scatter  ring                (N-1)α + G(N-1)/N·(β + γ)
                     recursive_halving   kα + G(q-1)/q·(β + γ) + f·(3α + Gβ + G/2·γ + G/N·β)
     allgather       ring                (N-1)α + G(N-1)/N·β
@@ -41,8 +45,14 @@ every rank: a rank that chose differently from the others would deadlock. It
 takes tens of milliseconds, never runs on import, and is kept in the
 communicator's state (`state`: a duplicate calibrates again unless it inherits
 the model, as `DataParallel`'s does).
-``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed]`` in the
-environment, or `set_model`, skip it.
+``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed[,beta_inter]]`` in
+the environment, or `set_model`, skip it.
+
+Across hosts (the placement, `topology`, spans several) an all-reduce's time adds
+the bytes through the busiest host link at beta_inter (`topology.link_bytes`:
+the ring 1.5G for 2 hosts × 2 ranks, Rabenseifner nearest first and hierarchical
+G, the article's order 2G); `topology.calibrate_link` measures beta_inter. On one host, or
+with beta_inter 0, nothing is added: the choice is what it was.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, section 3.
 """
@@ -56,6 +66,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import topology
 from .blocks import Blocks
 from .halving import recursive_doubling_allreduce
 from .ops import MAX, SUM
@@ -65,12 +76,14 @@ from .state import state
 
 
 class Model(NamedTuple):
-    """Seconds per round (alpha), per byte sent (beta), per byte reduced (gamma), per call."""
+    """Seconds per round (alpha), per byte sent (beta), per byte reduced (gamma), per call;
+    and per byte through a host's link (beta_inter; 0: unknown, or one host)."""
 
     alpha: float
     beta: float
     gamma: float
     fixed: float = 0.0  # the same for every algorithm: it never changes the choice
+    beta_inter: float = 0.0
 
 
 # A shared-memory node running mpidp from Python: about 15 µs a round, 2 GB/s, 1 GB/s.
@@ -84,14 +97,23 @@ PROBES = tuple((name, size) for size in SIZES for name in PROBE_ALGORITHMS)
 REPS = (10, 3)  # calls per timed batch: small vectors, from 64 KiB up
 
 
-def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> float:
-    """Predicted seconds of `algorithm` for `collective` on `nbytes` (whole vector) and p ranks."""
+def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int,
+            hosts: tuple | None = None) -> float:
+    """Predicted seconds of `algorithm` for `collective` on `nbytes` (whole vector) and p ranks.
+
+    `hosts`: the placement (`topology`); an all-reduce across hosts adds the bytes through
+    the busiest host link at ``m.beta_inter`` (`topology.link_bytes`). None, one host or
+    beta_inter 0: the one-level formulas alone.
+    """
     a, b, g, n = m.alpha, m.beta, m.gamma, float(nbytes)
     if p == 1:
         return 0.0
     q = 1 << (p.bit_length() - 1)
     k, f, L = q.bit_length() - 1, float(q < p), (p - 1).bit_length()
     part, qpart = n * (p - 1) / p, n * (q - 1) / q  # all blocks but one
+    H = max(hosts) + 1 if hosts else 1
+    ppn = max(hosts.count(h) for h in range(H)) if hosts else p  # ranks on the largest host
+    local, cross = n * (ppn - 1) / ppn, n / ppn * (H - 1) / H  # hierarchical: within, across
     formulas = {
         ("allreduce", "ring"): lambda: 2 * (p - 1) * a + 2 * part * b + part * g,
         ("allreduce", "rabenseifner"): lambda: (2 * k * a + 2 * qpart * b + qpart * g
@@ -100,6 +122,9 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> f
                                                       + f * (2 * a + 2 * n * b + n * g)),
         ("allreduce", "naive"): lambda: L * (2 * a + 2 * n * b + n * g),
         ("allreduce", "direct"): lambda: (p - 1) * (a + n * b + n * g),
+        ("allreduce", "rabenseifner_article"): lambda: formulas["allreduce", "rabenseifner"](),
+        ("allreduce", "hierarchical"): lambda: (2 * (ppn - 1) * a + 2 * local * b + local * g
+                                                + 2 * (H - 1) * a + 2 * cross * b + cross * g),
         ("reduce_scatter", "ring"): lambda: (p - 1) * a + part * (b + g),
         ("reduce_scatter", "recursive_halving"): lambda: (
             k * a + qpart * (b + g) + f * (3 * a + n * b + n / 2 * g + n / p * b)),
@@ -109,13 +134,17 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int) -> f
         ("bcast", "binomial"): lambda: L * (a + n * b),
         ("bcast", "scatter_allgather"): lambda: (L + p - 1) * a + 2 * part * b,
     }
-    return m.fixed + formulas[collective, algorithm]()
+    link = 0.0
+    if collective == "allreduce" and m.beta_inter and topology.spans_hosts(hosts):
+        link = topology.link_bytes(algorithm, hosts, n) * m.beta_inter
+    return m.fixed + formulas[collective, algorithm]() + link
 
 
 @lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
-def best(m: Model, collective: str, names: tuple, nbytes: int, p: int) -> str:
+def best(m: Model, collective: str, names: tuple, nbytes: int, p: int,
+         hosts: tuple | None = None) -> str:
     """The name in `names` with the smallest predicted time (ties: the first listed)."""
-    return min(names, key=lambda name: predict(m, collective, name, nbytes, p))
+    return min(names, key=lambda name: predict(m, collective, name, nbytes, p, hosts))
 
 
 # ------------------------------------------------------------ the per-comm model
@@ -131,16 +160,19 @@ def choose(comm, collective: str, names: tuple, nbytes: int) -> str:
     question = (collective, nbytes)
     name = st.choices.get(question)
     if name is None:
+        hosts = topology.placement(comm)  # learned once, where every rank comes in order
         m = model(comm)
         if len(st.choices) > 4096:  # a run with ever new sizes: start again
             st.choices.clear()
-        name = st.choices[question] = best(m, collective, names, nbytes, comm.Get_size())
+        name = st.choices[question] = best(m, collective, names, nbytes, comm.Get_size(),
+                                           hosts if topology.spans_hosts(hosts) else None)
     return name
 
 
-def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0) -> Model:
+def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
+              beta_inter: float = 0.0) -> Model:
     """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
-    m = Model(float(alpha), float(beta), float(gamma), float(fixed))
+    m = Model(float(alpha), float(beta), float(gamma), float(fixed), float(beta_inter))
     st = state(comm)
     st.model, st.choices = m, {}  # answers under the old model are stale
     return m
@@ -157,6 +189,9 @@ def model(comm) -> Model:
             m = Model(*(float(x) for x in env.split(",")))
         else:
             m = calibrate(comm)
+            hosts = topology.placement(comm)
+            if topology.spans_hosts(hosts):  # one host: nothing changes
+                m = m._replace(beta_inter=topology.calibrate_link(comm, hosts))
         m = set_model(comm, *m)
     return m
 
@@ -241,3 +276,4 @@ def _calibrate(comm, tag: int) -> Model:
     run(comm, recursive_doubling_allreduce(comm, total, Blocks.even(mine.size, n), SUM,
                                            np.empty_like(mine), mine), tag)
     return Model(*(total / n))
+

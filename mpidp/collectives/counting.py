@@ -33,8 +33,12 @@ def _nbytes(buf) -> int:
 class CountingComm:
     """Forwards everything to `comm`; counts what goes through the send/receive calls."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, placement=None):
+        """`placement`: the host of each rank, as the algorithms should see it (a test of
+        traffic across hosts on one machine); None: the wrapped comm's (`topology`)."""
         self.comm = comm
+        if placement is not None:
+            self.placement = tuple(placement)
         self.reset()
 
     def reset(self) -> None:
@@ -42,11 +46,14 @@ class CountingComm:
         self.bytes_received = 0  # receive-buffer sizes posted (upper bound of what arrived)
         self.messages_sent = 0
         self.peers: set[int] = set()
+        self.bytes_to: dict[int, int] = {}  # peer -> bytes sent to it (traffic across hosts)
 
     def _sent(self, spec, dest) -> None:
-        self.bytes_sent += nbytes(spec)
+        size = nbytes(spec)
+        self.bytes_sent += size
         self.messages_sent += 1
         self.peers.add(dest)
+        self.bytes_to[dest] = self.bytes_to.get(dest, 0) + size
 
     def Isend(self, buf, dest, tag=0):  # noqa: N802
         self._sent(buf, dest)

@@ -41,6 +41,24 @@ Rabenseifner all-reduce = recursive halving, then recursive doubling:
            2 | →1:0 ←1:1     | →0:1 ←0:0     | →3:2 ←3:3     | →2:3 ←2:2
            3 | →2:0-1 ←2:2-3 | →3:0-1 ←3:2-3 | →0:2-3 ←0:0-1 | →1:2-3 ←1:0-1
 
+Across hosts the partner order decides what crosses the host links: partners on
+one host come first (`topology.masks`; one host: the order above), so the large
+halves stay inside the hosts (topology.py shows it for 2 hosts × 2 ranks). The
+article's order, whatever the placement, is `rabenseifner_article`:
+
+        $ python -m mpidp.sim table rabenseifner_article --ranks 4
+        step | rank 0        | rank 1        | rank 2        | rank 3
+        -----+---------------+---------------+---------------+--------------
+           0 | →2:2-3 ←2:0-1 | →3:2-3 ←3:0-1 | →0:0-1 ←0:2-3 | →1:0-1 ←1:2-3
+           1 | →1:1 ←1:0     | →0:0 ←0:1     | →3:3 ←3:2     | →2:2 ←2:3
+           2 | →1:0 ←1:1     | →0:1 ←0:0     | →3:2 ←3:3     | →2:3 ←2:2
+           3 | →2:0-1 ←2:2-3 | →3:0-1 ←3:2-3 | →0:2-3 ←0:0-1 | →1:2-3 ←1:0-1
+
+In another order the all-reduce renumbers the blocks (`topology.owners`), so
+that each rank still keeps one run of them; reduce-scatter must end with block
+r on rank r (MPI's layout), so there a rank keeps every other block (or every
+fourth ...), sent as several messages per round.
+
 The recursive-doubling all-reduce swaps the whole vector with partner
 rank ^ mask for mask = 1, 2, 4, ...: fewest rounds, most bytes.
 
@@ -79,15 +97,19 @@ from .blocks import Blocks
 from .fold import VirtualBlocks, fold, fold_in, on_real_ranks, virtual
 from .ops import Op
 from .schedule import Recv, Rounds, Send
+from .topology import known, masks, owners
 
 
 def halving_scratch(blocks: Blocks, N: int) -> int:
-    """Scratch items for halving on `blocks` among N ranks: the larger first half (or fold half)."""
+    """Scratch items for halving on `blocks` among N ranks: the larger first half (or fold
+    half), whichever partner comes first (the placement decides the order)."""
     q, r = fold(N)
     need = blocks.total - blocks.total // 2 if r else 0
-    if q > 1:
-        mid = VirtualBlocks(blocks, r).span(0, q // 2).stop
-        need = max(need, mid, blocks.total - mid)
+    vblocks = VirtualBlocks(blocks, r)
+    sizes = [vblocks.span(v, v + 1).stop - vblocks.span(v, v + 1).start for v in range(q)]
+    for mask in masks(None, q, r):  # the first kept half, whichever mask comes first
+        for side in (0, mask):
+            need = max(need, sum(s for v, s in enumerate(sizes) if v & mask == side))
     return need
 
 
@@ -105,38 +127,42 @@ def rabenseifner_scratch(blocks: Blocks) -> int:
 # ------------------------------------------- the main loops: q = 2^k ranks, q blocks
 
 
-def _halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, src) -> Rounds:
-    """Recursive halving among q ranks; ends with block `rank` reduced over all of them.
+def _halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, src,
+             masks: tuple, owner) -> Rounds:
+    """Recursive halving among q ranks, partners in the order `masks`; ends with the
+    block that rank `owner[block]` is `rank`, reduced over all of them.
 
     `src`: the input if it is not in `buf` (read in the first step only; buf gets the sums).
+    With block b ending on rank b (owner = range(q)) in another order than the
+    article's, a rank keeps every other block, ...: several messages per round.
     """
-    lo, hi = 0, q  # the blocks I am still reducing
-    mask = q >> 1
-    while mask:
+    mine = range(q)  # the blocks I am still reducing
+    for mask in masks:
         partner = rank ^ mask
-        mid = lo + mask
-        if rank & mask:  # keep the upper half, give away the lower one
-            send, lo = blocks.span(lo, mid), mid
-        else:
-            send, hi = blocks.span(mid, hi), mid
-        kept = blocks.span(lo, hi)
-        recv = tmp[: kept.stop - kept.start]
-        yield [Send(src[send], partner), Recv(recv, partner)]
-        op(buf[kept], recv, src[kept])  # my half += the partner's copy of it
+        send = [b for b in mine if owner[b] & mask != rank & mask]  # they end on its side
+        mine = [b for b in mine if owner[b] & mask == rank & mask]
+        kept, at, recv = blocks.pieces(buf, mine), 0, []
+        for view in kept:  # the partner's copies of them, one after the other in tmp
+            recv.append(tmp[at : at + view.size])
+            at += view.size
+        yield ([Send(v, partner) for v in blocks.pieces(src, send)]
+               + [Recv(t, partner) for t in recv])
+        for acc, t, mine_src in zip(kept, recv, blocks.pieces(src, mine), strict=True):
+            op(acc, t, mine_src)  # my blocks += the partner's copies of them
         src = buf  # from the second step on, everything I send or add is in buf
-        mask >>= 1
 
 
-def _doubling(rank: int, q: int, buf, blocks: VirtualBlocks) -> Rounds:
-    """Recursive doubling among q ranks; starts with block `rank`, ends with all q blocks."""
-    lo, mask = rank, 1  # I hold blocks lo .. lo + mask - 1
-    while mask < q:
+def _doubling(rank: int, q: int, buf, blocks: VirtualBlocks, masks: tuple, owner) -> Rounds:
+    """Recursive doubling among q ranks, `masks` backwards; starts with the block whose
+    `owner` is `rank`, ends with all q blocks."""
+    block_of = {v: b for b, v in enumerate(owner)}  # rank -> the block it ended with
+    mine = [block_of[rank]]  # the blocks I hold
+    for mask in reversed(masks):
         partner = rank ^ mask
-        plo = lo ^ mask  # my partner holds as many blocks, next to mine
-        yield ([Send(v, partner) for v in blocks.runs(buf, lo, lo + mask)]
-               + [Recv(v, partner) for v in blocks.runs(buf, plo, plo + mask)])
-        lo = min(lo, plo)
-        mask <<= 1
+        theirs = sorted(block_of[owner[b] ^ mask] for b in mine)  # as many, mirrored
+        yield ([Send(v, partner) for v in blocks.pieces(buf, mine)]
+               + [Recv(v, partner) for v in blocks.pieces(buf, theirs)])
+        mine = sorted(mine + theirs)
 
 
 def _swapping(rank: int, q: int, buf, op: Op, tmp, src) -> Rounds:
@@ -172,7 +198,9 @@ def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp,
             return
         src = buf  # the pair's data is in buf now
     vrank, vblocks = virtual(rank, r), VirtualBlocks(blocks, r)
-    yield from on_real_ranks(_halving(vrank, q, buf, vblocks, op, tmp, src), r)
+    order = masks(known(comm), q, r)  # block v ends on virtual rank v, whatever the order
+    yield from on_real_ranks(_halving(vrank, q, buf, vblocks, op, tmp, src, order, range(q)),
+                             r)
     op.finish(buf[vblocks.span(vrank, vrank + 1)], N)
     if rank < 2 * r:  # my partner's block, finished
         yield [Send(blocks.view(buf, rank - 1), rank - 1)]
@@ -189,12 +217,14 @@ def recursive_doubling_allgather(comm, buf, blocks: Blocks) -> Rounds:
         return
     if rank < 2 * r:
         yield [Recv(blocks.view(buf, rank - 1), rank - 1)]
-    yield from on_real_ranks(_doubling(virtual(rank, r), q, buf, vblocks), r)
+    order = masks(known(comm), q, r)
+    yield from on_real_ranks(_doubling(virtual(rank, r), q, buf, vblocks, order, range(q)), r)
     if rank < 2 * r:
         yield [Send(v, rank - 1) for v in vblocks.runs(buf, 0, q)]
 
 
-def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None,
+                           article: bool = False) -> Rounds:
     """All-reduce into `buf`: recursive halving, then recursive doubling, on q equal blocks.
 
     Args:
@@ -203,6 +233,8 @@ def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> 
         src: the input, if it is not in `buf` (out of place, N > 1): read, never
             written; every item of `buf` is written by a sum or a receive, so the
             input is never copied.
+        article: partners in the article's order (distance q/2 first) whatever the
+            placement; by default nearest first across hosts (`topology.masks`).
     """
     rank, N = comm.Get_rank(), comm.Get_size()
     q, r = fold(N)
@@ -214,11 +246,21 @@ def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> 
             return
         src = buf  # the pair's data is in buf now
     vrank, vblocks = virtual(rank, r), VirtualBlocks(Blocks.even(buf.size, q), 0)
-    yield from on_real_ranks(_halving(vrank, q, buf, vblocks, op, tmp, src), r)
-    op.finish(buf[vblocks.span(vrank, vrank + 1)], N)
-    yield from on_real_ranks(_doubling(vrank, q, buf, vblocks), r)
+    order = masks(known(comm), q, r, article)
+    owner = owners(order)  # any block may end anywhere: each rank's blocks stay one run
+    yield from on_real_ranks(_halving(vrank, q, buf, vblocks, op, tmp, src, order, owner), r)
+    mine = owner.index(vrank)
+    op.finish(buf[vblocks.span(mine, mine + 1)], N)
+    yield from on_real_ranks(_doubling(vrank, q, buf, vblocks, order, owner), r)
     if rank < 2 * r:
         yield [Send(buf, rank - 1)]
+
+
+def rabenseifner_article_allreduce(comm, buf, blocks: Blocks, op: Op, tmp,
+                                   src=None) -> Rounds:
+    """Rabenseifner in the article's order, partner at distance q/2 first, whatever the
+    placement: across hosts numbered host by host, the large halves cross (see above)."""
+    return rabenseifner_allreduce(comm, buf, blocks, op, tmp, src, article=True)
 
 
 def recursive_doubling_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:

@@ -51,6 +51,7 @@ class CommState:
         self.pool = ScratchPool()  # scratch of this communicator's collectives
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
         self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
+        self.placement = None  # the host of each rank, once learned (topology.placement)
         self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
         if self.sigs < 2:
             raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
@@ -106,8 +107,10 @@ class CommState:
         return TAG_BASE + index * SLOTS + slot
 
     def inherit(self, parent: CommState) -> None:
-        """Take over `parent`'s cost model (a duplicate of the same ranks: no new calibration)."""
+        """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
+        new calibration, no new query)."""
         self.model, self.choices = parent.model, dict(parent.choices)
+        self.placement = parent.placement
 
 
 def signature(*args) -> int:

@@ -29,6 +29,26 @@ def size_list(text: str) -> list[int]:
     return [parse_size(part) for part in text.split(",")]
 
 
+def placement_list(text: str) -> tuple[int, ...]:
+    """'0,0,1,1,1' -> the host of each rank."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of host numbers: {text!r}") from None
+
+
+def where(args):
+    """A function of N: the placement the flags --ppn / --hosts / --placement ask for, or None."""
+    if getattr(args, "placement", None):
+        return lambda N: args.placement
+    ppn, hosts = getattr(args, "ppn", 0), getattr(args, "hosts", 0)
+    if not ppn and not hosts:
+        return None
+    from mpidp.collectives.topology import layout
+
+    return lambda N: layout(N, ppn=ppn, hosts=hosts)
+
+
 def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mpidp.sim", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -36,12 +56,22 @@ def parse_args(argv) -> argparse.Namespace:
     def collective(q, default="allreduce"):
         q.add_argument("--collective", default=default, choices=COLLECTIVES)
 
+    def hosts(q, ppn=True):
+        if ppn:
+            q.add_argument("--ppn", type=int, default=0, help="ranks per host, numbered host "
+                           "by host (default: one host)")
+        q.add_argument("--hosts", type=int, default=0, help="hosts, the ranks spread evenly "
+                       "over them, numbered host by host")
+        q.add_argument("--placement", type=placement_list, help="the host of each rank, "
+                       "e.g. 0,0,1,1,1 (one N only)")
+
     t = sub.add_parser("table", help="the step table of an algorithm, computed by running it")
     t.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
     collective(t)
     t.add_argument("--ranks", type=int, default=4)
     t.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
     t.add_argument("--root", type=int, default=0, help="bcast: the root")
+    hosts(t)
 
     d = sub.add_parser("draw", help="a picture of the exchange, one panel per step")
     d.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
@@ -57,10 +87,12 @@ def parse_args(argv) -> argparse.Namespace:
     c.add_argument("--scratch", help="MODULE:FUNCTION giving tmp's items from the blocks "
                    "(default: a whole vector)")
     c.add_argument("--quick", action="store_true", help="two count shapes per N, not six")
+    hosts(c)
 
     v = sub.add_parser("volume", help="bytes per rank sent and received, as multiples of G")
     v.add_argument("--ranks", type=rank_list, default=rank_list("2,4,8,16,32,64,128,256"))
     collective(v)
+    hosts(v)
 
     r = sub.add_parser("predict", help="each algorithm's time for N ranks, by simulation")
     collective(r)
@@ -72,7 +104,8 @@ def parse_args(argv) -> argparse.Namespace:
     for name, what in (("alpha", "s per message"), ("beta", "s per byte"),
                        ("gamma", "s per reduced byte"), ("fixed", "s per call")):
         r.add_argument(f"--{name}", type=float, help=f"{what} (within a node, with --ppn)")
-    r.add_argument("--ppn", type=int, default=0, help="ranks per node: two levels")
+    r.add_argument("--ppn", type=int, default=0, help="ranks per node: two levels (the "
+                   "algorithms see this placement too)")
     r.add_argument("--alpha-inter", type=float, help="s per message between nodes")
     r.add_argument("--beta-inter", type=float, help="s per byte between nodes")
     r.add_argument("--fit-inter", help="a saved `python -m mpidp.cluster bench` output (one "
@@ -97,7 +130,9 @@ def main(argv=None) -> int:
     if args.command == "table":
         from .table import table
 
-        print(table(args.algorithm, args.collective, args.ranks, args.count, args.root))
+        placement = where(args)
+        print(table(args.algorithm, args.collective, args.ranks, args.count, args.root,
+                    placement=placement and placement(args.ranks)))
         print("→q:b sends block(s) b to rank q, ←q:b receives them from q, ↔q:b both; "
               "a step is one round of an ideal machine")
     elif args.command == "draw":
@@ -111,7 +146,7 @@ def main(argv=None) -> int:
         from .volume import NOTE, format_volume, volume
 
         t0 = time.perf_counter()
-        print(format_volume(volume(args.ranks, args.collective)))
+        print(format_volume(volume(args.ranks, args.collective, placement=where(args))))
         print(f"({time.perf_counter() - t0:.1f} s)\n\n{NOTE}")
     else:
         return run_predict(args)
@@ -127,7 +162,7 @@ def run_check(args) -> int:
         algorithm = load(args.function)
     scratch = load(args.scratch) if args.scratch else None
     report = check(algorithm, args.collective, args.ranks, scratch=scratch, quick=args.quick,
-                   label=args.function)
+                   label=args.function, placement=where(args))
     print(report.text)
     return 0 if report.ok else 1
 

@@ -71,11 +71,16 @@ def cases(collective: str, ranks, quick: bool = False):
                 yield Case(N, count, dtype, op, in_place, root)
 
 
-def run_case(collective: str, algorithm, case: Case, scratch=None) -> str | None:
-    """What is wrong with `algorithm` in `case` (a line or a few), or None."""
+def run_case(collective: str, algorithm, case: Case, scratch=None,
+             placement=None) -> str | None:
+    """What is wrong with `algorithm` in `case` (a line or a few), or None.
+
+    `placement`: a function of N giving the host of each rank (None: one host).
+    """
     try:
         out = simulate(collective, algorithm, case.N, case.count, dtype=case.dtype,
                        op=case.op, in_place=case.in_place, root=case.root, scratch=scratch,
+                       placement=placement and placement(case.N),
                        max_steps=8 * case.N * case.N + 1000)
     except ScheduleError as e:
         return str(e)
@@ -83,14 +88,15 @@ def run_case(collective: str, algorithm, case: Case, scratch=None) -> str | None
     return "\n".join(problems) if problems else None
 
 
-def same_bits(collective: str, algorithm, N: int, scratch=None) -> str | None:
+def same_bits(collective: str, algorithm, N: int, scratch=None, placement=None) -> str | None:
     """Random floats, summed: every rank must hold the same bits, close to NumPy's sum."""
     if collective != "allreduce" or N == 1:
         return None
     rng = np.random.default_rng(N)
     inputs = [rng.standard_normal(4 * N + 3) for _ in range(N)]
     try:
-        out = simulate(collective, algorithm, N, 4 * N + 3, inputs=inputs, scratch=scratch)
+        out = simulate(collective, algorithm, N, 4 * N + 3, inputs=inputs, scratch=scratch,
+                       placement=placement and placement(N))
     except ScheduleError as e:
         return str(e)
     differ = [r for r in range(N) if not np.array_equal(out.results[r], out.results[0])]
@@ -111,7 +117,8 @@ class Report(NamedTuple):
 
 
 def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scratch=None,
-          quick: bool = False, volume: bool = True, label: str | None = None) -> Report:
+          quick: bool = False, volume: bool = True, label: str | None = None,
+          placement=None) -> Report:
     """Check `algorithm` (a generator function, or an mpidp name) on every N in `ranks`.
 
     Args:
@@ -123,6 +130,8 @@ def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scrat
             or what mpidp registers for its own algorithms).
         quick: two count shapes per N instead of all six (the test suite's setting).
         volume: measure bytes and rounds and print them beside the formulas.
+        placement: a function of N giving the host of each rank, e.g.
+            ``lambda N: topology.layout(N, ppn=2)`` (None: one host).
     """
     ranks = list(ranks)
     label = label or getattr(algorithm, "__name__", str(algorithm))
@@ -131,22 +140,25 @@ def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scrat
     n = 0
     for case in cases(collective, ranks, quick):
         n += 1
-        problem = run_case(collective, algorithm, case, scratch)
+        problem = run_case(collective, algorithm, case, scratch, placement)
         if problem is not None:
-            return _failed(collective, algorithm, case, problem, n, head, scratch, ranks)
+            return _failed(collective, algorithm, case, problem, n, head, scratch, ranks,
+                           placement)
     for N in ranks:
-        problem = same_bits(collective, algorithm, N, scratch)
+        problem = same_bits(collective, algorithm, N, scratch, placement)
         if problem is not None:
             return Report(False, n, f"{head}\nFAILED: {problem}", Case(N, 4 * N + 3, "float64",
                                                                       "sum", False))
     text = f"{head}\nok: {n} cases passed"
     if volume:
-        text += "\n\n" + measured(collective, algorithm, ranks, scratch)
+        text += "\n\n" + measured(collective, algorithm, ranks, scratch, placement)
     return Report(True, n, text)
 
 
-def _failed(collective, algorithm, case, problem, n, head, scratch, ranks) -> Report:
-    small, small_problem = shrink(collective, algorithm, case, problem, scratch, ranks)
+def _failed(collective, algorithm, case, problem, n, head, scratch, ranks,
+            placement=None) -> Report:
+    small, small_problem = shrink(collective, algorithm, case, problem, scratch, ranks,
+                                  placement)
     fn = resolve(collective, algorithm)[0]
     call = (f"mpidp.sim.simulate({collective!r}, {fn.__module__}.{fn.__name__}, {small.N}, "
             f"{small.count}, dtype={small.dtype!r}, op={small.op!r}, in_place={small.in_place}"
@@ -156,7 +168,8 @@ def _failed(collective, algorithm, case, problem, n, head, scratch, ranks) -> Re
     return Report(False, n, text, small)
 
 
-def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, ranks=None):
+def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, ranks=None,
+           placement=None):
     """The smallest case that still fails: fewest ranks (of `ranks`), then fewest items, then
     sum on int64."""
     for N in sorted(n for n in ranks or range(1, case.N + 1) if n <= case.N):
@@ -165,13 +178,13 @@ def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, r
                 break
             for simple in (Case(N, count, "int64", "sum", False),
                            case._replace(N=N, count=count, root=case.root % N)):
-                found = run_case(collective, algorithm, simple, scratch)
+                found = run_case(collective, algorithm, simple, scratch, placement)
                 if found is not None:
                     return simple, found
     return case, problem
 
 
-def measured(collective: str, algorithm, ranks, scratch=None) -> str:
+def measured(collective: str, algorithm, ranks, scratch=None, placement=None) -> str:
     """Bytes and rounds measured per rank beside the formulas of mpidp's algorithms."""
     formulas = list(names(collective))
     lines = ["measured: steps (the critical path in rounds), and per rank the most rounds, bytes "
@@ -182,7 +195,8 @@ def measured(collective: str, algorithm, ranks, scratch=None) -> str:
     for N in sorted({N for N in (2, 3, 4, 8, 16, 64) if N in ranks} or {max(ranks)}):
         q = 1 << (N.bit_length() - 1)
         count = 2 * N * q // math.gcd(N, q)  # whole blocks for N and for q, and halves
-        out = simulate(collective, algorithm, N, count, dtype="int64", scratch=scratch)
+        out = simulate(collective, algorithm, N, count, dtype="int64", scratch=scratch,
+                       placement=placement and placement(N))
         s, G = out.sim, count * 8.0
         cells = []
         for name in formulas:

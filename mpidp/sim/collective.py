@@ -114,7 +114,7 @@ class Outcome:
 def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None, displs=None,
              dtype="float64", op="sum", in_place: bool = False, root: int = 0, inputs=None,
              seed: int = 0, scratch=None, trace: bool = False, timer=None,
-             on_step=None, max_steps: int | None = None) -> Outcome:
+             on_step=None, max_steps: int | None = None, placement=None) -> Outcome:
     """Run `algorithm` (a name or a generator function) for `collective` on N simulated ranks.
 
     Args:
@@ -127,6 +127,7 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         scratch: items of scratch as a function of the blocks, for a function mpidp
             does not register (default: one whole vector).
         trace, timer, on_step, max_steps: passed to `Sim`.
+        placement: the host of each rank, e.g. ``topology.layout(N, ppn=2)``; None: one host.
     Raises:
         ScheduleError: deadlock, mismatched pair or overlapping round (see `Sim`).
     """
@@ -137,7 +138,8 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     if inputs is None:
         sizes = {"allgather": blocks.counts}.get(collective, [blocks.total] * N)
         inputs = [make_input(the_op.name, dt, sizes[r], r, seed) for r in range(N)]
-    sim = Sim(N, trace=trace, timer=timer, on_step=on_step, max_steps=max_steps)
+    sim = Sim(N, trace=trace, timer=timer, on_step=on_step, max_steps=max_steps,
+              placement=None if placement is None else tuple(placement))
     gens, results, sendbufs = [], [], []
     for r, comm in enumerate(sim.comms):
         x, src, tmp = inputs[r], None, None

@@ -35,12 +35,13 @@ from .reports import ScheduleError, deadlock, describe, locate
 
 
 class SimComm:
-    """What an algorithm sees of its communicator in the simulator: its rank and the size."""
+    """What an algorithm sees of its communicator in the simulator: its rank, the size and
+    the placement (the host of each rank; None: one host), as `topology.known` reads it."""
 
-    __slots__ = ("rank", "size")
+    __slots__ = ("rank", "size", "placement")
 
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size = rank, size
+    def __init__(self, rank: int, size: int, placement: tuple | None = None):
+        self.rank, self.size, self.placement = rank, size, placement
 
     def Get_rank(self) -> int:  # noqa: N802
         return self.rank
@@ -86,12 +87,15 @@ class Sim:
             have done their local work, before they post: ``on_step(sim, t)`` sees the
             buffers after step t - 1 (t = 0: at the start; t = steps: at the end).
         max_steps: stop with a `ScheduleError` after this many steps (a loop that never ends).
+        placement: the host of each rank (`mpidp.collectives.topology`); None: one host.
     """
 
     def __init__(self, size: int, trace: bool = False, timer=None, on_step=None,
-                 max_steps: int | None = None):
+                 max_steps: int | None = None, placement: tuple | None = None):
         self.size, self.max_steps = size, max_steps
-        self.comms = [SimComm(r, size) for r in range(size)]
+        if placement is not None and len(placement) != size:
+            raise ValueError(f"a placement of {len(placement)} ranks for {size} ranks")
+        self.comms = [SimComm(r, size, placement) for r in range(size)]
         self.bytes_sent, self.bytes_received = [0] * size, [0] * size
         self.messages_sent, self.messages_received = [0] * size, [0] * size
         self.rounds, self.reduced = [0] * size, [0] * size

@@ -28,6 +28,7 @@ import numpy as np
 from mpidp.bench.output import human
 from mpidp.collectives import cost
 from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.topology import layout
 
 from .collective import names, resolve, simulate
 
@@ -147,15 +148,18 @@ def sim_count(collective: str, algorithm, N: int, items: int) -> int:
 def times(collective: str, algorithm, N: int, sizes: list[int], net: Network) -> list[float]:
     """Simulated seconds of one call for each vector size in `sizes` (bytes, float32)."""
     out, big = {}, [b for b in sizes if sim_count(collective, algorithm, N, b // ITEM) < b // ITEM]
+    where = layout(N, ppn=net.ppn) if net.ppn else None  # the algorithms see the nodes too
     for b in sizes:  # small vectors: simulated at their own count
         if b not in big:
             timer = Timer(N, net, 1.0, ITEM)
-            simulate(collective, algorithm, N, b // ITEM, dtype="float32", timer=timer)
+            simulate(collective, algorithm, N, b // ITEM, dtype="float32", timer=timer,
+                     placement=where)
             out[b] = timer.seconds
     if big:  # large ones: one simulation, scaled to each size
         count = sim_count(collective, algorithm, N, big[0] // ITEM)
         timers = [Timer(N, net, (b // ITEM) / count, ITEM) for b in big]
-        simulate(collective, algorithm, N, count, dtype="float32", timer=Timers(timers))
+        simulate(collective, algorithm, N, count, dtype="float32", timer=Timers(timers),
+                 placement=where)
         out.update({b: t.seconds for b, t in zip(big, timers, strict=True)})
     return [out[b] for b in sizes]
 

@@ -40,19 +40,37 @@ def count_for(collective: str, algorithm, N: int) -> int:
     return count
 
 
-def measure(collective: str, algorithm, N: int) -> dict:
-    """Bytes sent and received per rank (most and least over the ranks), as multiples of G."""
+def measure(collective: str, algorithm, N: int, placement=None) -> dict:
+    """Bytes sent and received per rank (most and least over the ranks), as multiples of G;
+    with a `placement` (the host of each rank), also the bytes through the busiest host
+    link in its busier direction ("link")."""
     count = count_for(collective, algorithm, N)
-    out = simulate(collective, algorithm, N, count, dtype="uint8")
+    out = simulate(collective, algorithm, N, count, dtype="uint8", placement=placement)
     s, G = out.sim, float(count)
-    return {"N": N, "algorithm": out.name, "steps": s.steps,
-            "sent": max(s.bytes_sent) / G, "sent_min": min(s.bytes_sent) / G,
-            "recv": max(s.bytes_received) / G, "recv_min": min(s.bytes_received) / G}
+    row = {"N": N, "algorithm": out.name, "steps": s.steps,
+           "sent": max(s.bytes_sent) / G, "sent_min": min(s.bytes_sent) / G,
+           "recv": max(s.bytes_received) / G, "recv_min": min(s.bytes_received) / G}
+    if placement is not None:
+        row["link"] = max(link_bytes(s, placement)) / G
+    return row
 
 
-def volume(ranks, collective: str = "allreduce", algorithms=None) -> list[dict]:
-    """`measure` for every algorithm (mpidp's, by default) and every N in `ranks`."""
-    return [measure(collective, a, N) for N in ranks for a in algorithms or names(collective)]
+def link_bytes(sim, placement) -> list[int]:
+    """Bytes through each host's link, out then in: [out of host 0, into host 0, out of 1, ...]."""
+    H = max(placement) + 1
+    through = [0] * (2 * H)
+    for (a, b), nbytes in sim.links.items():
+        if placement[a] != placement[b]:
+            through[2 * placement[a]] += nbytes
+            through[2 * placement[b] + 1] += nbytes
+    return through
+
+
+def volume(ranks, collective: str = "allreduce", algorithms=None, placement=None) -> list[dict]:
+    """`measure` for every algorithm (mpidp's, by default) and every N in `ranks`;
+    `placement`: a function of N giving the host of each rank (None: one host)."""
+    return [measure(collective, a, N, placement and placement(N)) for N in ranks
+            for a in algorithms or names(collective)]
 
 
 def format_volume(rows: list[dict]) -> str:
@@ -62,12 +80,15 @@ def format_volume(rows: list[dict]) -> str:
                or r["recv_min"] != r["recv"]}
     heads = [a + ("*" if a in differs else "") for a in algorithms]
     width = [max(len(h), 15) for h in heads]
-    lines = ["bytes per rank, sent / received, as multiples of G (simulated)",
+    link = all("link" in r for r in rows)
+    lines = ["bytes per rank, sent / received, as multiples of G (simulated)"
+             + ("; / the busiest host link, per direction" if link else ""),
              "     N | " + " | ".join(h.ljust(w) for h, w in zip(heads, width, strict=True))]
     lines.append("-" * 7 + "+" + "+".join("-" * (w + 2) for w in width))
     by = {(r["N"], r["algorithm"]): r for r in rows}
     for N in dict.fromkeys(r["N"] for r in rows):
-        cells = [f"{by[N, a]['sent']:.3f} / {by[N, a]['recv']:.3f}" if (N, a) in by else ""
+        cells = [f"{by[N, a]['sent']:.3f} / {by[N, a]['recv']:.3f}"
+                 + (f" / {by[N, a]['link']:.3f}" if link else "") if (N, a) in by else ""
                  for a in algorithms]
         lines.append(f"{N:>6} | " + " | ".join(c.ljust(w) for c, w in
                                                  zip(cells, width, strict=True)))

@@ -1,0 +1,137 @@
+"""Hierarchical all-reduce: reduce-scatter within each host, all-reduce across hosts, all-gather
+within each host.
+
+Across hosts the link between them is the bottleneck, so every byte should cross
+it once. The ranks of a host first reduce the vector among themselves (a ring
+reduce-scatter: local rank j ends with piece j summed over its host); then the
+ranks that hold the same piece, one per host, all-reduce it across the hosts (a
+ring among them); then each host gathers its pieces back (a ring all-gather).
+For 2 hosts × 2 ranks, ranks numbered host by host:
+
+        host 0: rank 0, rank 1               host 1: rank 2, rank 3
+
+        1. within:  0 <-> 1 (halves)         2 <-> 3 (halves)      piece 0 on 0, 2; 1 on 1, 3
+        2. across:  0 <=====================> 2                    piece 0, in halves
+                    1 <=====================> 3                    piece 1, in halves
+        3. within:  0 <-> 1 (pieces)         2 <-> 3 (pieces)
+
+Pieces: the vector is cut into P pieces, P the most ranks on one host; on a host
+of L ranks, local rank j holds pieces jP/L .. (j+1)P/L - 1 (equal hosts: piece j),
+so every piece has one holder on every host and the ranks of any placement take
+part (unequal hosts too). On one host step 2 has nothing to do and the algorithm
+is the ring all-reduce. The step tables are computed by running this code
+(`mpidp.sim`; tests/test_sim.py checks that they still are):
+
+        $ python -m mpidp.sim table hierarchical --ranks 4 --ppn 2
+        step | rank 0        | rank 1        | rank 2        | rank 3
+        -----+---------------+---------------+---------------+--------------
+           0 | →1:2-3 ←1:0-1 | →0:0-1 ←0:2-3 | →3:2-3 ←3:0-1 | →2:0-1 ←2:2-3
+           1 | →2:1 ←2:0     | →3:3 ←3:2     | →0:0 ←0:1     | →1:2 ←1:3
+           2 | →2:0 ←2:1     | →3:2 ←3:3     | →0:1 ←0:0     | →1:3 ←1:2
+           3 | →1:0-1 ←1:2-3 | →0:2-3 ←0:0-1 | →3:0-1 ←3:2-3 | →2:2-3 ←2:0-1
+
+        $ python -m mpidp.sim table hierarchical --ranks 4
+        step | rank 0    | rank 1    | rank 2    | rank 3
+        -----+-----------+-----------+-----------+----------
+           0 | →1:3 ←3:2 | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
+           1 | →1:2 ←3:1 | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
+           2 | →1:1 ←3:0 | →2:2 ←0:1 | →3:3 ←1:2 | →0:0 ←2:3
+           3 | →1:0 ←3:3 | →2:1 ←0:0 | →3:2 ←1:1 | →0:3 ←2:2
+           4 | →1:3 ←3:2 | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
+           5 | →1:2 ←3:1 | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
+
+        (one host: the ring all-reduce)
+
+Cost (G bytes, H hosts of L ranks; α, β, γ within a host, α', β' across; the
+reductions of step 2 are on G/L bytes per rank):
+
+    2(L-1)α + 2G(L-1)/L·β + G(L-1)/L·γ  +  2(H-1)α' + 2(G/L)(H-1)/H·β' + (G/L)(H-1)/H·γ
+
+and through each host's link, per direction, 2G(H-1)/H bytes: G for 2 hosts, the
+lower bound (each host must receive the other's sums for the half it reduces,
+then the other half's result). The ring across 2 × 2 sends 1.5G, Rabenseifner in
+the article's order 2G, nearest partner first G (tests/test_topology.py asserts
+all four). Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
+communication operations in MPICH", IJHPCA 2005 (section 4.4's all-reduce on
+each level); Jia et al., "Highly scalable deep learning training system with
+mixed-precision" (2018), the hierarchical all-reduce of data-parallel training.
+"""
+
+from __future__ import annotations
+
+from .blocks import Blocks
+from .ops import Op
+from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from .schedule import Rounds
+from .topology import known
+
+
+class Group:
+    """A sub-group's view of a rank, for a loop that runs among some ranks only (no
+    sub-communicator: `on_ranks` addresses its messages to the real ranks)."""
+
+    __slots__ = ("rank", "size")
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+
+def on_ranks(rounds: Rounds, ranks: list[int]) -> Rounds:
+    """The rounds of a loop among `ranks`, each message addressed to the real rank."""
+    return ([type(m)(m.buf, ranks[m.peer]) for m in round_] for round_ in rounds)
+
+
+class Unfinished:
+    """`op` without `finish`: the sums of a phase are complete only after the last one."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Op):
+        self.op = op
+
+    def __call__(self, acc, tmp, src=None) -> None:
+        self.op(acc, tmp, src)
+
+    def finish(self, block, n: int) -> None:
+        pass
+
+
+def hierarchical_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+    """All-reduce into `buf`: within hosts, across hosts, within hosts (`topology.known`).
+
+    Args:
+        blocks: ignored; the vector is cut into pieces per host (see above).
+        tmp: scratch of ``buf.size`` items.
+        src: the input, if it is not in `buf` (out of place, N > 1); read, never written.
+    """
+    rank, N = comm.Get_rank(), comm.Get_size()
+    hosts = known(comm) or (0,) * N
+    members = [[q for q in range(N) if hosts[q] == h] for h in range(max(hosts) + 1)]
+    local = members[hosts[rank]]  # my host's ranks; I am local rank j
+    L, j, P = len(local), local.index(rank), max(map(len, members))
+    pieces = Blocks.even(buf.size, P)
+    bounds = [i * P // L for i in range(L + 1)]  # local rank i holds pieces bounds[i] .. [i+1]-1
+    mine = Blocks([pieces.start(bounds[i + 1]) - pieces.start(bounds[i]) for i in range(L)])
+
+    def holder(host: list, p: int) -> int:  # the rank of `host` that holds piece p
+        return host[((p + 1) * len(host) - 1) // P]
+
+    partial = Unfinished(op)
+    if L > 1:  # 1. within my host: local rank j gets its pieces, summed over the host
+        yield from on_ranks(ring_reduce_scatter(Group(j, L), buf, mine, partial, tmp, src), local)
+        src = None
+    for p in range(bounds[j], bounds[j + 1]):  # 2. across hosts: each of my pieces
+        holders = [holder(host, p) for host in members]  # one rank per host
+        piece, H = pieces.view(buf, p), len(holders)
+        yield from on_ranks(ring_allreduce(Group(holders.index(rank), H), piece,
+                                           Blocks.even(piece.size, H), partial, tmp,
+                                           None if src is None else pieces.view(src, p)), holders)
+    op.finish(mine.view(buf, j), N)
+    if L > 1:  # 3. within my host: everyone's pieces
+        yield from on_ranks(ring_allgather(Group(j, L), buf, mine), local)
