@@ -164,6 +164,8 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     algo, args = s.algo, (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
     if n == 1:
         algo, args = copy_rounds, (work, flat(full), algo, *args)
+    elif algo is ring_reduce_scatter:  # its last sum goes to recvbuf itself: no copy after
+        return Plan(call, algo, (*args, out), tag, None, (tmp, work), work)
 
     def finish():
         out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
