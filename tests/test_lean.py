@@ -138,6 +138,8 @@ def test_what_depends_on_the_arrays_is_checked_at_every_call():
         mpidp.allreduce(comm, x.astype("f8"), y)
     with pytest.raises(TypeError, match="not defined"):
         mpidp.allreduce(comm, x, y, op=MPI.BAND)
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):  # not hashable either
+        mpidp.allreduce(comm, x, y, algorithm=["ring"])
     mpidp.allreduce(comm, x, y)  # and the good call still passes
     assert np.array_equal(y, x)
 

@@ -88,7 +88,10 @@ class Call:
         (`set_model` forgets them, as the algorithm `auto` picks may change).
         """
         setups = self.state.setups
-        found = setups.get(key)
+        try:
+            found = setups.get(key)
+        except TypeError:  # an unhashable argument: build() says what is wrong with it
+            return build()
         if found is None:
             if len(setups) > 4096:  # ever new sizes: start again
                 setups.clear()
