@@ -6,13 +6,12 @@ or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in ``recvbuf``, as in
 MPI. All checks happen here (`checks`), before any message is sent, on the rank
 that got the bad argument.
 
-Any number of nonblocking collectives may be in flight on one communicator,
-completed in any order: each takes the next tag of its communicator's sequence
-(`state`), as MPI matches collectives by the order of the calls. ``tag=`` gives
-a tag of your own instead (below ``TAG_BASE``; then the concurrency is yours to
-manage). Ranks that disagree on the arguments cannot exchange data (the call's
-signature is in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank
-raise ``ValueError`` with what each rank passed (`checks.agree`).
+Any number of collectives may be in flight on one communicator, each with the
+next tag of its sequence (`state`; ``tag=`` gives one of your own, below
+``TAG_BASE``). Ranks that disagree cannot exchange data (the call's signature is
+in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank raise
+``ValueError`` with what each rank passed (`checks.agree`). What a signature
+determines is worked out once per communicator (`plan.Call.setup`).
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from mpi4py import MPI
 
 from . import cost
 from .blocks import Blocks
-from .buffers import array_module
-from .checks import check_buffer, check_pair
+from .buffers import array_module, flat
+from .checks import check_buffer, check_pair, gather_blocks, scatter_blocks
 from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
@@ -35,11 +34,11 @@ from .halving import (
 )
 from .hierarchical import hierarchical_allreduce
 from .ops import resolve_op
-from .plan import Call, Plan, copy_rounds, no_rounds, planned
+from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
-from .topology import placement
+from .topology import locate
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
@@ -63,13 +62,6 @@ REDUCE_SCATTER = {
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
-
-# per collective, the algorithms whose messages depend on where the ranks run: planning one
-# learns the placement (once per communicator, `topology.placement`: a query, collective
-# like auto's calibration), after the call's tag, so that MPIDP_DEBUG's agreement check
-# comes first
-PLACED = {"allreduce": ("rabenseifner", "hierarchical"),
-          "reduce_scatter": ("recursive_halving",), "allgather": ("recursive_doubling",)}
 
 ALGORITHMS = {
     "allreduce": (*ALLREDUCE, "auto"),
@@ -110,23 +102,28 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     """Check the arguments of an all-reduce and set it up (``sendbuf=IN_PLACE``: in recvbuf)."""
     comm = call.comm
     op = resolve_op(op)
-    check_pair(None if sendbuf is IN_PLACE else sendbuf, recvbuf, op, same_size=True)
-    buf = recvbuf.reshape(-1)
-    algorithm = choose(comm, "allreduce", buf.nbytes, algorithm)
-    tag = call.tag("allreduce", buf.size, buf.dtype, op, algorithm)
-    if algorithm in PLACED["allreduce"]:
-        placement(comm)
-    n = comm.Get_size()
-    if sendbuf is not IN_PLACE and n == 1:  # one rank: no round will write recvbuf
-        return Plan(call, copy_rounds, (buf, sendbuf.reshape(-1)), tag)
+    send = None if sendbuf is IN_PLACE else sendbuf
+    check_pair(send, recvbuf, op, same_size=True)
+    buf = flat(recvbuf)
+
+    def setup() -> Setup:
+        name = choose(comm, "allreduce", buf.nbytes, algorithm)
+        blocks = Blocks.even(buf.size, comm.Get_size())
+        algo, scratch_items = ALLREDUCE[name]
+        return Setup(signed("allreduce", buf.size, buf.dtype, op, name), algo, blocks,
+                     scratch_items(blocks))
+
+    s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
+    tag = call.tag(s.signed)
+    locate(comm, call.state, "allreduce", s.signed.description["algorithm"])
+    if send is not None and comm.Get_size() == 1:  # one rank: no round will write recvbuf
+        return Plan(call, copy_rounds, (buf, flat(send)), tag)
     if buf.size == 0:
         return Plan(call, no_rounds, (), tag)
     # out of place, the algorithms read sendbuf where it is (no copy first)
-    src = None if sendbuf is IN_PLACE else sendbuf.reshape(-1)
-    blocks = Blocks.even(buf.size, n)
-    algo, scratch_items = ALLREDUCE[algorithm]
-    tmp = call.state.pool.take(buf, scratch_items(blocks))
-    return Plan(call, algo, (comm, buf, blocks, op, tmp, src), tag, None, (tmp,), buf)
+    src = None if send is None else flat(send)
+    tmp = call.state.pool.take(buf, s.scratch)
+    return Plan(call, s.algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
 
 
 @planned
@@ -151,36 +148,31 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf, op)
     full = recvbuf if in_place else sendbuf
-    if recvcounts is None:
-        if in_place and full.size % n:
-            raise ValueError(f"in-place reduce_scatter_block: recvbuf size {full.size} "
-                             f"is not a multiple of the {n} ranks")
-        blocks = Blocks.equal(full.size // n if in_place else recvbuf.size, n)
-    elif len(recvcounts) != n:
-        raise ValueError(f"recvcounts has {len(recvcounts)} entries for {n} ranks")
-    else:
-        blocks = Blocks(recvcounts)
-    if full.size != blocks.total:
-        raise ValueError(f"{'recvbuf' if in_place else 'sendbuf'} has {full.size} items, "
-                         f"the recvcounts add up to {blocks.total}")
-    if recvbuf.size < blocks.counts[rank]:
-        raise ValueError(f"recvbuf has {recvbuf.size} items, rank {rank} receives "
-                         f"{blocks.counts[rank]}")
-    algorithm = choose(comm, "reduce_scatter", full.nbytes, algorithm)
-    tag = call.tag("reduce_scatter", blocks.counts, full.dtype, op, algorithm)
-    if algorithm in PLACED["reduce_scatter"]:
-        placement(comm)
-    out = recvbuf.reshape(-1)[: blocks.counts[rank]]
+
+    def setup() -> Setup:
+        blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
+        name = choose(comm, "reduce_scatter", full.nbytes, algorithm)
+        algo, scratch_items = REDUCE_SCATTER[name]
+        return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), algo,
+                     blocks, scratch_items(blocks))
+
+    counts = None if recvcounts is None else tuple(recvcounts)
+    s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
+                    op.name, algorithm), setup)
+    tag, blocks = call.tag(s.signed), s.blocks
+    locate(comm, call.state, "reduce_scatter", s.signed.description["algorithm"])
+    out = flat(recvbuf)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
     pool = call.state.pool
     work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
-    algo, scratch_items = REDUCE_SCATTER[algorithm]
-    tmp = pool.take(work, scratch_items(blocks))
+    tmp = pool.take(work, s.scratch)
     # the input is read where it is: the algorithms never write it (one rank: a copy)
-    args = (comm, work, blocks, op, tmp, full.reshape(-1) if n > 1 else None)
+    algo, args = s.algo, (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
     if n == 1:
-        algo, args = copy_rounds, (work, full.reshape(-1), algo, *args)
+        algo, args = copy_rounds, (work, flat(full), algo, *args)
+    elif algo is ring_reduce_scatter:  # its last sum goes to recvbuf itself: no copy after
+        return Plan(call, algo, (*args, out), tag, None, (tmp, work), work)
 
     def finish():
         out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
@@ -204,31 +196,23 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     n, rank = comm.Get_size(), comm.Get_rank()
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf)
-    if recvcounts is None:
-        if in_place and recvbuf.size % n:
-            raise ValueError(f"in-place allgather: recvbuf size {recvbuf.size} "
-                             f"is not a multiple of the {n} ranks")
-        recvcounts = Blocks.equal(recvbuf.size // n if in_place else sendbuf.size, n).counts
-    if len(recvcounts) != n or (displs is not None and len(displs) != n):
-        raise ValueError(f"need one recvcount (and displ) per rank, {n} ranks")
-    if displs is None and len(set(recvcounts)) == 1:
-        blocks = Blocks.equal(recvcounts[0], n)  # cached: the common MPI_Allgather case
-    else:
-        blocks = Blocks(recvcounts, displs)
-    if recvbuf.size < blocks.extent:
-        raise ValueError(f"recvbuf has {recvbuf.size} items, the blocks need {blocks.extent}")
-    if not in_place and sendbuf.size != blocks.counts[rank]:
-        raise ValueError(f"sendbuf has {sendbuf.size} items, recvcounts[{rank}] is "
-                         f"{blocks.counts[rank]}")
-    buf = recvbuf.reshape(-1)
-    # choose on the blocks' size, which every rank computes alike (recvbuf may be larger)
-    algorithm = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)
-    tag = call.tag("allgather", blocks.counts, buf.dtype, None, algorithm)
-    if algorithm in PLACED["allgather"]:
-        placement(comm)
-    algo, args = ALLGATHER[algorithm], (comm, buf, blocks)
+    buf = flat(recvbuf)
+
+    def setup() -> Setup:
+        blocks = gather_blocks(None if in_place else sendbuf.size, buf.size, recvcounts,
+                               displs, n, rank)
+        name = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)  # alike everywhere
+        return Setup(signed("allgather", blocks.counts, buf.dtype, None, name),
+                     ALLGATHER[name], blocks)
+
+    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size,
+                    None if recvcounts is None else tuple(recvcounts),
+                    None if displs is None else tuple(displs), buf.dtype, algorithm), setup)
+    tag = call.tag(s.signed)
+    locate(comm, call.state, "allgather", s.signed.description["algorithm"])
+    algo, args = s.algo, (comm, buf, s.blocks)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
-        algo, args = copy_rounds, (blocks.view(buf, rank), sendbuf.reshape(-1), algo, *args)
+        algo, args = copy_rounds, (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
     return Plan(call, algo, args, tag, None, (), buf)
 
 
@@ -236,20 +220,25 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
 def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     """Check and set up a broadcast of `buf` from `root` to every rank."""
     comm = call.comm
-    n = comm.Get_size()
     check_buffer(buf, "buf", writable=comm.Get_rank() != root)
-    if not 0 <= root < n:
-        raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
-    flat = buf.reshape(-1)
-    algorithm = choose(comm, "bcast", flat.nbytes, algorithm)
-    tag = call.tag("bcast", flat.size, flat.dtype, None, algorithm, root)
-    algo, args = BCAST[algorithm], (comm, flat, root)
-    if algorithm == "scatter_allgather" and not getattr(flat.flags, "writeable", True):
-        # a read-only root buffer (MPI allows it): the ring writes the root's blocks
-        # back, so it runs on a copy, made at every run
-        flat = array_module(flat).empty_like(flat)
-        algo, args = copy_rounds, (flat, args[1], algo, comm, flat, root)
-    return Plan(call, algo, args, tag, None, (), flat)
+    vec = flat(buf)
+
+    def setup() -> Setup:
+        n = comm.Get_size()
+        if not 0 <= root < n:
+            raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
+        name = choose(comm, "bcast", vec.nbytes, algorithm)
+        return Setup(signed("bcast", vec.size, vec.dtype, None, name, root), BCAST[name])
+
+    s = call.setup(("bcast", vec.size, vec.dtype, root, algorithm), setup)
+    tag = call.tag(s.signed)
+    algo, args = s.algo, (comm, vec, root)
+    if algo is scatter_allgather_bcast and not getattr(vec.flags, "writeable", True):
+        # a read-only root buffer (MPI allows it): the ring writes the root's blocks back,
+        # so it runs on a copy, made at every run
+        vec = array_module(vec).empty_like(vec)
+        algo, args = copy_rounds, (vec, args[1], algo, comm, vec, root)
+    return Plan(call, algo, args, tag, None, (), vec)
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:

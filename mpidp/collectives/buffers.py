@@ -43,6 +43,11 @@ def array_module(arr):
     return np
 
 
+def flat(arr):
+    """`arr` as a 1-D array: itself if it is one (a view costs more than the check)."""
+    return arr if arr.ndim == 1 else arr.reshape(-1)
+
+
 def msg(arr):
     """The buffer spec for one message: the array's bytes."""
     return [arr, MPI.BYTE]
@@ -247,7 +252,8 @@ class ScratchPool:
 
     def take(self, like, count: int):
         """A 1-D scratch array of `count` items of like's dtype, on like's device."""
-        free = self._free.get(_key(like, count))
+        free = self._free.get((like.dtype, count) if type(like) is np.ndarray
+                              else _key(like, count))
         if free:
             try:
                 return free.pop()
@@ -267,7 +273,7 @@ class ScratchPool:
         return host
 
     def give(self, arr) -> None:
-        key = self._host_keys.pop(id(arr), None) or _key(arr, arr.size)
+        key = (self._host_keys and self._host_keys.pop(id(arr), None)) or _key(arr, arr.size)
         free = self._free.setdefault(key, [])
         if len(free) < self.keep:
             free.append(arr)

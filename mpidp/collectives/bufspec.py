@@ -47,6 +47,8 @@ def simple(spec, what: str, blocks: int = 0, writable: bool = False):
     """
     buf, count, displ, datatype = _unpack(spec, vector=False)
     data = _typed(buf, datatype, what, writable)
+    if count is None and displ is None and blocks < 2:  # all of it (the common case)
+        return data, data.size
     displ = 0 if displ is None else operator.index(displ)
     if displ < 0:
         raise ValueError(f"message: negative displacement {displ}")
@@ -154,8 +156,10 @@ def _format(arr) -> str:
 
 def _as_array(buf, what: str, writable: bool):
     """The memory of `buf` as a contiguous 1-D NumPy (host) or CuPy (device) array, no copy."""
-    if isinstance(buf, np.ndarray):
-        arr = np.asarray(buf)
+    if type(buf) is np.ndarray:
+        arr = buf
+    elif isinstance(buf, np.ndarray):
+        arr = np.asarray(buf)  # a subclass: as a plain array
     elif hasattr(buf, "__cuda_array_interface__"):
         arr = interop.as_array(buf, what, writable)
     else:
@@ -174,7 +178,7 @@ def _as_array(buf, what: str, writable: bool):
             except (ValueError, TypeError, NotImplementedError):  # a format NumPy cannot read
                 arr = np.frombuffer(view.cast("B") if view.ndim != 1 else view, dtype=np.uint8)
     if arr.flags.c_contiguous:
-        return arr.reshape(-1)
+        return arr if arr.ndim == 1 else arr.reshape(-1)
     if arr.flags.f_contiguous:
         return arr.reshape(-1, order="F")  # memory order: what MPI would send
     raise BufferError(f"{what}: buffer is not contiguous (strides {arr.strides})")

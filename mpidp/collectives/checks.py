@@ -45,35 +45,116 @@ def set_debug(on: bool) -> None:
 
 def check_buffer(arr, what: str, writable: bool = False) -> None:
     """Raise unless `arr` is a contiguous NumPy/CuPy array of plain data (writable if asked)."""
+    _check_kind(arr, what)
+    _check_layout(arr, what, writable)
+
+
+def _check_kind(arr, what: str) -> None:
+    """What depends on the array's type and dtype only."""
     if not hasattr(arr, "dtype") or not hasattr(arr, "flags"):
         raise TypeError(f"{what} must be a NumPy or CuPy array, not {type(arr).__name__}")
     if arr.dtype.hasobject:
         raise TypeError(f"{what} has dtype {arr.dtype}, which holds Python objects: their "
                         "bytes are pointers, meaningless on another rank")
-    if not arr.flags.c_contiguous:
+
+
+def _check_layout(arr, what: str, writable: bool = False) -> None:
+    """What depends on the array object itself: its memory layout and writability."""
+    flags = arr.flags
+    if not flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous (got strides {arr.strides})")
-    if writable and not getattr(arr.flags, "writeable", True):  # CuPy has no such flag
+    if writable and not getattr(flags, "writeable", True):  # CuPy has no such flag
         raise ValueError(f"{what} is read-only; the result cannot be written into it")
 
 
 def check_pair(sendbuf, recvbuf, op: Op | None = None, same_size: bool = False) -> None:
-    """recvbuf writable; sendbuf (unless IN_PLACE, None here) of its dtype and module, apart."""
-    check_buffer(recvbuf, "recvbuf", writable=True)
+    """recvbuf writable; sendbuf (unless IN_PLACE, None here) of its dtype and module, apart.
+
+    What depends only on the kinds of the arguments (array types, dtypes, the op's
+    kinds) is checked once per combination and remembered; what depends on the
+    arrays themselves (layout, writability, sizes, overlap) at every call.
+    """
+    try:
+        kinds = (type(sendbuf), sendbuf is not None and sendbuf.dtype, type(recvbuf),
+                 recvbuf.dtype, op and op.kinds)
+    except AttributeError:  # not an array: the full check says what is wrong
+        kinds = None
+    if kinds is None or kinds not in _checked_kinds:
+        _check_kinds(sendbuf, recvbuf, op)
+        if len(_checked_kinds) > 1024:
+            _checked_kinds.clear()
+        _checked_kinds.add(kinds)
+    _check_layout(recvbuf, "recvbuf", writable=True)
     if sendbuf is not None:
-        check_buffer(sendbuf, "sendbuf")
+        _check_layout(sendbuf, "sendbuf")
+        if same_size and sendbuf.size != recvbuf.size:
+            raise ValueError(f"sendbuf has {sendbuf.size} items, recvbuf {recvbuf.size}")
+        xp = array_module(recvbuf)
+        if xp.may_share_memory(sendbuf, recvbuf) and xp.shares_memory(sendbuf, recvbuf):
+            raise ValueError("sendbuf and recvbuf overlap; pass sendbuf=IN_PLACE instead")
+
+
+_checked_kinds: set = set()  # (send type, send dtype, recv type, recv dtype, op kinds) found fine
+
+
+def _check_kinds(sendbuf, recvbuf, op: Op | None) -> None:
+    _check_kind(recvbuf, "recvbuf")
+    if sendbuf is not None:
+        _check_kind(sendbuf, "sendbuf")
         if sendbuf.dtype != recvbuf.dtype:
             raise TypeError(f"sendbuf is {sendbuf.dtype}, recvbuf is {recvbuf.dtype}: "
                             "they must have the same dtype")
-        xp = array_module(recvbuf)
-        if array_module(sendbuf) is not xp:
+        if array_module(sendbuf) is not array_module(recvbuf):
             raise TypeError("sendbuf and recvbuf must both be host (NumPy) or device (CuPy) "
                             "arrays")
-        if same_size and sendbuf.size != recvbuf.size:
-            raise ValueError(f"sendbuf has {sendbuf.size} items, recvbuf {recvbuf.size}")
-        if xp.may_share_memory(sendbuf, recvbuf) and xp.shares_memory(sendbuf, recvbuf):
-            raise ValueError("sendbuf and recvbuf overlap; pass sendbuf=IN_PLACE instead")
     if op is not None:
         op.check(recvbuf.dtype)
+
+
+def scatter_blocks(total: int, recv_size: int, recvcounts, in_place: bool, n: int,
+                   rank: int) -> Blocks:
+    """A reduce-scatter's blocks: `recvcounts` (None: equal blocks), checked against the
+    vector's `total` items (sendbuf's, in place recvbuf's) and this rank's recvbuf."""
+    if recvcounts is None:
+        if in_place and total % n:
+            raise ValueError(f"in-place reduce_scatter_block: recvbuf size {total} "
+                             f"is not a multiple of the {n} ranks")
+        blocks = Blocks.equal(total // n if in_place else recv_size, n)
+    elif len(recvcounts) != n:
+        raise ValueError(f"recvcounts has {len(recvcounts)} entries for {n} ranks")
+    else:
+        blocks = Blocks(recvcounts)
+    if total != blocks.total:
+        raise ValueError(f"{'recvbuf' if in_place else 'sendbuf'} has {total} items, "
+                         f"the recvcounts add up to {blocks.total}")
+    if recv_size < blocks.counts[rank]:
+        raise ValueError(f"recvbuf has {recv_size} items, rank {rank} receives "
+                         f"{blocks.counts[rank]}")
+    return blocks
+
+
+def gather_blocks(send_size: int | None, recv_size: int, recvcounts, displs, n: int,
+                  rank: int) -> Blocks:
+    """An all-gather's blocks: `recvcounts` and `displs` (None: equal, packed), checked
+    against this rank's buffers (`send_size` None: in place)."""
+    in_place = send_size is None
+    if recvcounts is None:
+        if in_place and recv_size % n:
+            raise ValueError(f"in-place allgather: recvbuf size {recv_size} "
+                             f"is not a multiple of the {n} ranks")
+        recvcounts = Blocks.equal(recv_size // n if in_place else send_size, n).counts
+    if len(recvcounts) != n or (displs is not None and len(displs) != n):
+        raise ValueError(f"need one recvcount (and displ) per rank, {n} ranks")
+    if displs is None and len(set(recvcounts)) == 1:
+        blocks = Blocks.equal(recvcounts[0], n)  # cached: the common MPI_Allgather case
+    else:
+        blocks = Blocks(recvcounts, displs)
+    if recv_size < blocks.extent:
+        raise ValueError(f"recvbuf has {recv_size} items, the blocks need {blocks.extent}")
+    if not in_place and send_size != blocks.counts[rank]:
+        raise ValueError(f"sendbuf has {send_size} items, recvcounts[{rank}] is "
+                         f"{blocks.counts[rank]}")
+    return blocks
 
 
 def agree(comm, collective: str, tag: int, **call) -> None:

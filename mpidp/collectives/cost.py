@@ -174,7 +174,7 @@ def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
     """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
     m = Model(float(alpha), float(beta), float(gamma), float(fixed), float(beta_inter))
     st = state(comm)
-    st.model, st.choices = m, {}  # answers under the old model are stale
+    st.model, st.choices, st.setups = m, {}, {}  # answers under the old model are stale
     return m
 
 

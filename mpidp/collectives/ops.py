@@ -11,7 +11,7 @@ once at the end (`Op.finish`), which is what gradient averaging needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -29,10 +29,16 @@ class Op:
     ufunc: str
     kinds: str
     divide: bool = False  # AVG: divide by the number of ranks when the sum is complete
+    # NumPy's ufunc, looked up once: a small all-reduce pays for every attribute lookup
+    np_ufunc: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "np_ufunc", getattr(np, self.ufunc))
 
     def __call__(self, acc, tmp, src=None) -> None:
         """acc = acc ⊕ tmp, in place; with `src`, acc = src ⊕ tmp (acc's old value unused)."""
-        getattr(_xp(acc), self.ufunc)(acc if src is None else src, tmp, out=acc)
+        ufunc = self.np_ufunc if type(acc) is np.ndarray else getattr(_xp(acc), self.ufunc)
+        ufunc(acc if src is None else src, tmp, out=acc)
 
     def finish(self, block, n: int) -> None:
         """Turn a fully reduced block into the result (AVG divides by n; others do nothing)."""
@@ -83,6 +89,9 @@ _FROM_MPI = [  # MPI.Op is not hashable: a list of pairs
 
 def resolve_op(op) -> Op:
     """Return the `Op` for an Op, a name such as ``"sum"``, or an ``MPI.Op`` such as ``MPI.SUM``."""
+    for mpi_op, ours in _FROM_MPI:
+        if op is mpi_op:  # the common case first: MPI.SUM itself, found without MPI calls
+            return ours
     if isinstance(op, Op):
         return op
     if isinstance(op, str):
@@ -91,9 +100,6 @@ def resolve_op(op) -> Op:
         except KeyError:
             raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}") from None
     if isinstance(op, MPI.Op):
-        for mpi_op, ours in _FROM_MPI:
-            if op is mpi_op:  # the common case: MPI.SUM itself, found without MPI calls
-                return ours
         for mpi_op, ours in _FROM_MPI:
             if op == mpi_op:
                 return ours

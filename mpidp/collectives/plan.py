@@ -8,15 +8,53 @@ Every entry point (`api`'s functions, `mpidp.Comm`) goes through the same two st
 
 and the slot goes back when the collective completes, or at once if planning
 raises (the number stays used up, on this rank as on the others).
+
+What a call's signature determines (the algorithm `auto` picks, the blocks, the
+scratch size, the signature folded into the tags) is worked out once per
+distinct signature and communicator and remembered (`Call.setup`): a repeated
+call pays one dict lookup for it. Every call still takes its own slot, and
+still runs the ``MPIDP_DEBUG`` agreement check when it is on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .blocks import Blocks
 from .buffers import array_module, stager
 from .checks import agree, debug_enabled
 from .ops import Op
 from .schedule import Request, Rounds, run
 from .state import CommState, check_user_tag, signature, state
+
+
+class Signed(NamedTuple):
+    """A call's signature (folded into its tags) and its description (what the
+    ``MPIDP_DEBUG`` agreement check compares across ranks)."""
+
+    collective: str
+    sig: int
+    description: dict
+
+
+def signed(collective: str, count, dtype, op: Op | None, algorithm: str,
+           root: int | None = None) -> Signed:
+    """The signature of a call: `count` is the count, or the tuple of per-rank counts,
+    that every rank passes alike; the signature is made of exactly these fields."""
+    call = {"count": count, "dtype": dtype, "op": op and op.name, "algorithm": algorithm,
+            "root": root}
+    return Signed(collective, signature(collective, count, dtype, op and op.name, algorithm, root),
+                  {k: v for k, v in call.items() if v is not None})
+
+
+class Setup(NamedTuple):
+    """What a call's signature determines, worked out once (`Call.setup`)."""
+
+    signed: Signed  # its signature and description, with the algorithm `auto` picked
+    algo: Callable  # the generator of rounds
+    blocks: Blocks | None = None  # (a broadcast has none)
+    scratch: int = 0  # items of scratch the algorithm needs
 
 
 class Call:
@@ -41,23 +79,33 @@ class Call:
                 self.state.release(self.slot)
                 raise
 
-    def tag(self, collective: str, count, dtype, op: Op | None, algorithm: str,
-            root: int | None = None) -> int:
-        """The tag for this call; with debug on, the ranks first agree on its arguments.
+    def setup(self, key: tuple, build):
+        """What the signature `key` determines: ``build()`` the first time, then remembered.
 
-        `count` is the count, or the tuple of per-rank counts, that every rank passes
-        alike; the signature folded into the tag is made of exactly these fields.
+        `key` must hold every argument that `build` reads (the collective, counts,
+        dtype, op name, requested algorithm, root), so that ranks making the same
+        call find the same answer. Kept per communicator, beside the cost model
+        (`set_model` forgets them, as the algorithm `auto` picks may change).
         """
+        setups = self.state.setups
+        try:
+            found = setups.get(key)
+        except TypeError:  # an unhashable argument: build() says what is wrong with it
+            return build()
+        if found is None:
+            if len(setups) > 4096:  # ever new sizes: start again
+                setups.clear()
+            found = setups[key] = build()
+        return found
+
+    def tag(self, signed: Signed) -> int:
+        """The tag for this call; with debug on, the ranks first agree on its arguments."""
         if debug_enabled(self.debug):
-            call = {"count": count, "dtype": dtype, "op": op and op.name,
-                    "algorithm": algorithm, "root": root}
-            agree(self.comm, collective, self.user_tag if self.slot is None
-                  else self.state.tag(self.slot, 0, self.persistent),
-                  **{k: v for k, v in call.items() if v is not None})
+            agree(self.comm, signed.collective, self.user_tag if self.slot is None
+                  else self.state.tag(self.slot, 0, self.persistent), **signed.description)
         if self.slot is None:
             return self.user_tag
-        return self.state.tag(self.slot, signature(collective, count, dtype, op and op.name,
-                                                   algorithm, root), self.persistent)
+        return self.state.tag(self.slot, signed.sig, self.persistent)
 
     def end(self) -> None:
         if self.slot is not None:
@@ -135,7 +183,12 @@ def planned(body):
 
     def plan(comm, *args, tag: int | None = None, debug: bool = False,
              persistent: bool = False, **kwargs) -> Plan:
-        return in_sequence(comm, tag, debug, body, *args, persistent=persistent, **kwargs)
+        call = Call(comm, tag, debug, persistent)  # as in_sequence, one call less per collective
+        try:
+            return body(call, *args, **kwargs)
+        except BaseException:
+            call.end()
+            raise
 
     plan.__name__, plan.__doc__, plan.body = body.__name__, body.__doc__, body
     return plan

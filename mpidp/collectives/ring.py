@@ -71,7 +71,8 @@ from .ops import Op
 from .schedule import Recv, Rounds, Send
 
 
-def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
+def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None,
+                        out=None) -> Rounds:
     """Reduce `buf` over all ranks, in place; block `rank` of `buf` ends complete.
 
     Args:
@@ -79,18 +80,22 @@ def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rou
         tmp: scratch of at least ``blocks.max`` items, the incoming block.
         src: the input, if it is not in `buf` (out of place, N > 1): it is read,
             never written, and `buf` gets only sums, so no copy of it is made.
+        out: where block `rank` ends, if not in `buf` (N > 1; the reduce-scatter's
+            recvbuf): the last sum is written there, not copied there after.
     """
     rank, N = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % N, (rank - 1) % N
     src = buf if src is None else src
+    out = blocks.view(buf, rank) if out is None else out
     for step in range(N - 1):
         send_block = (rank - step - 1) % N
-        recv_block = (rank - step - 2) % N
+        recv_block = (rank - step - 2) % N  # the last step: my own block
         send = blocks.view(src if step == 0 else buf, send_block)  # step 0: my own data
         recv = tmp[: blocks.counts[recv_block]]
         yield [Send(send, right), Recv(recv, left)]
-        op(blocks.view(buf, recv_block), recv, blocks.view(src, recv_block))  # mine + partial
-    op.finish(blocks.view(buf, rank), N)
+        mine = out if recv_block == rank else blocks.view(buf, recv_block)
+        op(mine, recv, blocks.view(src, recv_block))  # mine + partial
+    op.finish(out, N)
 
 
 def ring_allgather(comm, buf, blocks: Blocks) -> Rounds:

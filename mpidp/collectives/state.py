@@ -52,6 +52,7 @@ class CommState:
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
         self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (topology.placement)
+        self.setups: dict = {}  # call signature -> what it determines (`plan.Call.setup`)
         self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
         if self.sigs < 2:
             raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
@@ -109,7 +110,7 @@ class CommState:
     def inherit(self, parent: CommState) -> None:
         """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
         new calibration, no new query)."""
-        self.model, self.choices = parent.model, dict(parent.choices)
+        self.model, self.choices, self.setups = parent.model, dict(parent.choices), {}
         self.placement = parent.placement
 
 

@@ -8,7 +8,7 @@ by host. It is learned once per communicator and kept in its `state.CommState`:
   share memory (a host), and an allgather of each group's leader (its lowest world
   rank) numbers them. Both are MPI collectives on the communicator (queries, not
   data), so `placement` runs them where every rank arrives in the same order: the
-  planning of the first collective that needs it (`api.PLACED`, or `auto`), as
+  planning of the first collective that needs it (`PLACED`, or `auto`), as
   `cost.calibrate` runs there, after the agreement check of MPIDP_DEBUG;
 - a comm-like object says it with a ``placement`` attribute (`CountingComm`'s
   argument, the simulator's `SimComm`); None there means one host.
@@ -97,6 +97,19 @@ def placement(comm) -> tuple[int, ...]:
         found = normalize(base.allgather(leader))
     state(comm).placement = found
     return found
+
+
+# per collective, the algorithms whose messages depend on where the ranks run: planning one
+# learns the placement (once per communicator: a query, collective like auto's
+# calibration), after the call's tag, so that MPIDP_DEBUG's agreement check comes first
+PLACED = {"allreduce": ("rabenseifner", "hierarchical"),
+          "reduce_scatter": ("recursive_halving",), "allgather": ("recursive_doubling",)}
+
+
+def locate(comm, comm_state, collective: str, algorithm: str) -> None:
+    """Learn the comm's placement if `algorithm` reads it and it is not known yet."""
+    if comm_state.placement is None and algorithm in PLACED[collective]:
+        placement(comm)
 
 
 def spans_hosts(hosts) -> bool:

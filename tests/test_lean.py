@@ -1,0 +1,169 @@
+"""The lean per-call path: what is remembered per signature, what is checked at every call.
+
+A call's signature (collective, counts, dtype, op, algorithm, root) determines the
+algorithm `auto` picks, the blocks, the scratch size and the signature folded into
+the tags; mpidp works them out once per communicator (`plan.Call.setup`). These
+tests pin down that nothing the remembered answer depends on is left out of its
+key, and that what depends on the arrays themselves is still checked every time.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.collectives import cost, state
+
+
+class TagRecorder:
+    """A comm that records the tag of every message it posts."""
+
+    def __init__(self, comm):
+        self.comm, self.tags = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def Isend(self, buf, dest, tag=0):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        self.tags += [sendtag, recvtag]
+        return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+
+
+def sig_of(tag: int) -> int:
+    return (tag - state.TAG_BASE) // state.SLOTS
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered(
+        mpi_ranks, no_debug_check):
+    """A call that differs from an earlier one in any field of the signature gets that
+    field's signature, not the earlier call's remembered one (calls repeat, interleaved)."""
+    world = MPI.COMM_WORLD.Dup()
+    comm = TagRecorder(world)
+    n = world.Get_size()
+    st = state.state(world)
+    calls = [  # (mpidp function, arguments, the fields its signature is made of)
+        (mpidp.allreduce, lambda: (np.ones(6, "f4"), np.empty(6, "f4")), {"algorithm": "ring"},
+         ("allreduce", 6, np.dtype("f4"), "sum", "ring", None)),
+        (mpidp.allreduce, lambda: (np.ones(6, "f4"), np.empty(6, "f4")),
+         {"algorithm": "recursive_doubling"},
+         ("allreduce", 6, np.dtype("f4"), "sum", "recursive_doubling", None)),
+        (mpidp.allreduce, lambda: (np.ones(6, "f8"), np.empty(6, "f8")), {"algorithm": "ring"},
+         ("allreduce", 6, np.dtype("f8"), "sum", "ring", None)),
+        (mpidp.allreduce, lambda: (np.ones(7, "f4"), np.empty(7, "f4")), {"algorithm": "ring"},
+         ("allreduce", 7, np.dtype("f4"), "sum", "ring", None)),
+        (mpidp.allreduce, lambda: (np.ones(6, "f4"), np.empty(6, "f4")),
+         {"algorithm": "ring", "op": MPI.MAX},
+         ("allreduce", 6, np.dtype("f4"), "max", "ring", None)),
+        (mpidp.reduce_scatter, lambda: (np.ones(2 * n, "f4"), np.empty(2, "f4")),
+         {"algorithm": "ring"}, ("reduce_scatter", (2,) * n, np.dtype("f4"), "sum", "ring", None)),
+        (mpidp.reduce_scatter, lambda: (np.ones(3 * n, "f4"), np.empty(3, "f4")),
+         {"algorithm": "ring"}, ("reduce_scatter", (3,) * n, np.dtype("f4"), "sum", "ring", None)),
+        (mpidp.allgather, lambda: (np.ones(2, "i4"), np.empty(2 * n, "i4")),
+         {"algorithm": "ring"}, ("allgather", (2,) * n, np.dtype("i4"), None, "ring", None)),
+        (mpidp.allgather, lambda: (np.ones(2, "i4"), np.empty(2 * n + 1, "i4")),
+         {"algorithm": "ring", "recvcounts": [2] * n, "displs": [2 * q + 1 for q in range(n)]},
+         ("allgather", (2,) * n, np.dtype("i4"), None, "ring", None)),
+        (mpidp.bcast, lambda: (np.ones(5, "f4"),), {"algorithm": "binomial", "root": 0},
+         ("bcast", 5, np.dtype("f4"), None, "binomial", 0)),
+        (mpidp.bcast, lambda: (np.ones(5, "f4"),), {"algorithm": "binomial", "root": n - 1},
+         ("bcast", 5, np.dtype("f4"), None, "binomial", n - 1)),
+    ]
+    for _ in range(2):  # the second time round every setup is a remembered one
+        for fn, args, kwargs, fields in calls + calls[::-1]:
+            comm.tags.clear()
+            slot = st.started % state.SLOTS
+            fn(comm, *args(), **kwargs)
+            assert comm.tags, fields  # n > 1: every rank sends or receives
+            want = st.tag(slot, state.signature(*fields))
+            assert set(comm.tags) <= {want}, (fields, {sig_of(t) for t in comm.tags})
+    # the same call on every rank has the same tags: gathered and compared
+    assert len(set(world.allgather(st.started))) == 1
+    world.Free()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_a_new_model_forgets_the_remembered_choices(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()
+    x, y = np.ones(1 << 16, "f4"), np.empty(1 << 16, "f4")
+
+    def chosen():
+        (entry,) = [s for key, s in state.state(comm).setups.items() if key[0] == "allreduce"]
+        return entry.signed.description["algorithm"]
+
+    cost.set_model(comm, 1.0, 0.0, 0.0)  # only rounds cost: recursive doubling
+    mpidp.allreduce(comm, x, y)
+    assert chosen() == "recursive_doubling"
+    cost.set_model(comm, 0.0, 1.0, 0.0)  # only bytes cost
+    mpidp.allreduce(comm, x, y)
+    assert chosen() in ("ring", "rabenseifner")
+    assert np.array_equal(y, np.full_like(y, comm.Get_size()))
+    comm.Free()
+
+
+def test_what_depends_on_the_arrays_is_checked_at_every_call():
+    """The same kinds and sizes as a call that passed: a different array is checked anew."""
+    comm = MPI.COMM_SELF
+    x, y = np.ones(8, "f4"), np.zeros(8, "f4")
+    for _ in range(2):
+        mpidp.allreduce(comm, x, y)
+        mpidp.reduce_scatter(comm, x, y)
+        mpidp.allgather(comm, x, y)
+    strided = np.zeros(16, "f4")[::2]
+    frozen = np.zeros(8, "f4")
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="C-contiguous"):
+        mpidp.allreduce(comm, x, strided)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        mpidp.allreduce(comm, strided, y)
+    with pytest.raises(ValueError, match="read-only"):
+        mpidp.allreduce(comm, x, frozen)
+    with pytest.raises(ValueError, match="read-only"):
+        mpidp.allgather(comm, x, frozen)
+    with pytest.raises(ValueError, match="overlap"):
+        mpidp.allreduce(comm, y, y)
+    with pytest.raises(ValueError, match="overlap"):
+        mpidp.reduce_scatter(comm, y, y)
+    with pytest.raises(ValueError, match="items"):
+        mpidp.allreduce(comm, np.ones(9, "f4")[:8].reshape(2, 4), np.zeros(9, "f4"))
+    with pytest.raises(TypeError, match="same dtype"):
+        mpidp.allreduce(comm, x.astype("f8"), y)
+    with pytest.raises(TypeError, match="not defined"):
+        mpidp.allreduce(comm, x, y, op=MPI.BAND)
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):  # not hashable either
+        mpidp.allreduce(comm, x, y, algorithm=["ring"])
+    mpidp.allreduce(comm, x, y)  # and the good call still passes
+    assert np.array_equal(y, x)
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_remembered_blocks_follow_the_counts_and_displacements(mpi_ranks):
+    """Calls alike but for their layout, interleaved: each result lands where its own
+    counts and displacements say."""
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    mine = np.full(2, rank + 1, "i4")
+    packed = np.repeat(np.arange(1, n + 1, dtype="i4"), 2)
+    for _ in range(2):
+        reverse, shifted = [2 * (n - 1 - q) + 1 for q in range(n)], [2 * q + 1 for q in range(n)]
+        for displs in (None, reverse, shifted):
+            y = np.zeros(2 * n + 1, "i4")
+            mpidp.allgather(comm, mine, y, [2] * n, displs, algorithm="ring")
+            for q in range(n):
+                at = 2 * q if displs is None else displs[q]
+                assert np.array_equal(y[at : at + 2], packed[2 * q : 2 * q + 2]), (displs, y)
+        for counts in ([1] * (n - 1) + [n + 1], [n + 1] + [1] * (n - 1)):
+            x = np.arange(2 * n, dtype="f8") + rank
+            y = np.zeros(max(counts), "f8")
+            mpidp.reduce_scatter(comm, x, y, counts, algorithm="ring")
+            start = sum(counts[:rank])
+            want = n * np.arange(start, start + counts[rank]) + n * (n - 1) / 2
+            assert np.array_equal(y[: counts[rank]], want), (counts, y)
