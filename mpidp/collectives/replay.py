@@ -139,8 +139,8 @@ class Replay:
 
     def start(self) -> None:
         """Do the reductions before the first round and start it (never blocks)."""
-        self.done, self._active, self._step, self.rounds = False, True, -1, 0
-        with self._lock:
+        with self._lock:  # under the lock: a progress thread may be testing it
+            self.done, self._active, self._step, self.rounds = False, True, -1, 0
             for f, a, b, out in self.pre:
                 f(a, b, out=out)
             self._next()
