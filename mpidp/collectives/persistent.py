@@ -12,6 +12,13 @@ is created and keeps it, with its tag, until `Free`: starting it never moves the
 sequence, and its tags lie in a range of their own (`state`), so a collective
 started later with the same slot never meets it. Every rank must create its
 persistent collectives in the same order, as MPI requires.
+
+The first start runs the algorithm's generator and, where it is safe (NumPy
+buffers, a real MPI communicator, an algorithm that writes only by receives and
+its op: `replay.replayable`), records its rounds and reductions; every later start
+replays them with MPI persistent requests (`replay.Replay`): per round a
+``Startall``, its completion, the recorded reductions. Elsewhere each start runs
+the generator again.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from mpi4py import MPI
 
 from . import api
 from .plan import Plan
+from .replay import Replay, recording, replayable
 from .schedule import Request
 
 
@@ -31,13 +39,17 @@ class Persistent:
     kept for life, so starting it never moves the sequence). `Start` posts the
     first round; `Test`/`Wait` as an `mpidp.Request`; `Free` gives the scratch and
     the tag back. Like MPI's persistent requests, a completed or never started one
-    is inactive: `Wait` returns at once and `Test` answers True.
+    is inactive: `Wait` returns at once and `Test` answers True. From the second
+    start on, a replayable plan is replayed (`replay`): ``request`` is then the
+    same `Replay` at every start.
     """
 
-    __slots__ = ("plan", "request", "freed")
+    __slots__ = ("plan", "request", "freed", "log", "replay")
 
     def __init__(self, plan: Plan):
         self.plan, self.request, self.freed = plan, None, False
+        self.log = [] if replayable(plan) else None  # what the first run does, recorded
+        self.replay: Replay | None = None
 
     def Start(self) -> None:  # noqa: N802
         if self.freed:
@@ -46,7 +58,14 @@ class Persistent:
             raise RuntimeError("Start of a persistent collective that is still active: "
                                "complete it (Wait) first")
         p = self.plan
-        self.request = Request(p.call.comm, p.algo(*p.args), p.tag, p.finish, p.stager)
+        if self.log is not None and self.request is not None:  # the recorded run is complete
+            self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+        if self.replay is not None:
+            self.request = self.replay
+            self.replay.start()
+            return
+        rounds = p.algo(*p.args) if self.log is None else recording(p, self.log)
+        self.request = Request(p.call.comm, rounds, p.tag, p.finish, p.stager)
 
     @staticmethod
     def Startall(requests) -> None:  # noqa: N802
@@ -75,6 +94,8 @@ class Persistent:
         if self.request is not None and not self.request.done:
             raise RuntimeError("Free of a persistent collective that is still active")
         if not self.freed:
+            if self.replay is not None:
+                self.replay.free()
             self.plan.free()
             self.freed = True
 

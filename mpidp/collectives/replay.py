@@ -1,0 +1,217 @@
+"""Replay: a persistent collective's first run recorded, and every later start replayed.
+
+A schedule does not depend on the data: which views go to which peer in which
+round, and which reductions follow each round, are fixed by the plan (counts,
+rank, size, algorithm, placement, the plan's own buffers and scratch). So the
+first `Start` of a persistent collective runs the algorithm's generator for real,
+on real data, and records what it did; every later start replays the record:
+
+    first start (recorded)                      later starts (replayed)
+    ----------------------                      -----------------------
+    generator yields round k: [Send, Recv]      MPI.Prequest.Startall(round k's requests)
+    driver posts Isend/Irecv, tests them        Testall / Waitall of them
+    generator resumes: op(acc, tmp, src) ...    ufunc(src, tmp, out=acc) ... as recorded
+
+What is recorded, in the order it happened: each round's messages (view, peer,
+send or receive), made once into MPI persistent requests (``comm.Recv_init`` /
+``comm.Send_init``, the plan's tag, receives first as `schedule.post` posts
+them); and every reduction, through a `Recorder` that stands for the plan's
+`Op`: ``op(acc, tmp, src)`` as ``ufunc(src or acc, tmp, out=acc)`` and
+``op.finish(block, n)`` as the division it does (AVG only). Both are still
+executed while recording. A start then does the reductions recorded before the
+first round, and per round: start its requests, complete them (`test` round by
+round, never blocking; `wait`), do the reductions that followed it; the plan's
+`finish` at the end.
+
+Why it is safe, and only where `replayable` says so:
+
+- the buffers are NumPy arrays with no staging (the plan's stager is None): a view
+  recorded once is the same memory at every start, and no device copy is skipped;
+- the communicator is a real ``MPI.Comm``: a comm-like (`CountingComm`, the
+  simulator's) keeps the generator, so that it still sees every message;
+- the algorithm writes the buffers only by receives and through `op` (`REPLAYABLE`).
+  A direct write would not be recorded: `naive_allreduce` out of place
+  (``buf[...] = src``), `direct_allreduce` (its own vector into the scratch) and
+  `plan.copy_rounds` (a copy before the rounds) keep the generator.
+
+Cost per start: the α of the rounds and the reductions, without the generator,
+the round lists and the per-message ``Isend``/``Irecv`` calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import msg
+from .completion import default_timeout, waitall
+from .halving import (
+    rabenseifner_allreduce,
+    rabenseifner_article_allreduce,
+    recursive_doubling_allgather,
+    recursive_doubling_allreduce,
+    recursive_halving_reduce_scatter,
+)
+from .hierarchical import hierarchical_allreduce
+from .ops import Op
+from .plan import Plan, no_rounds
+from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from .schedule import Recv, Rounds, Send
+from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
+
+# the algorithms that write the buffers only by receives and through `op` (checked by
+# reading each; naive_allreduce too, but only in place: out of place it copies first)
+REPLAYABLE = {
+    ring_allreduce, rabenseifner_allreduce, rabenseifner_article_allreduce,
+    recursive_doubling_allreduce, hierarchical_allreduce, naive_allreduce,
+    ring_reduce_scatter, recursive_halving_reduce_scatter,
+    ring_allgather, recursive_doubling_allgather,
+    binomial_bcast, scatter_allgather_bcast, no_rounds,
+}
+
+
+def replayable(plan: Plan) -> bool:
+    """True if `plan`'s runs may be recorded once and replayed (see the module docstring)."""
+    if plan.stager is not None or not isinstance(plan.call.comm, MPI.Comm):
+        return False
+    if plan.algo is naive_allreduce:
+        return plan.args[5] is None  # (comm, buf, blocks, op, tmp, src): in place only
+    return plan.algo in REPLAYABLE
+
+
+class Recorder:
+    """The plan's `Op` while recording: does each reduction and logs it as ``f(a, b, out=c)``."""
+
+    __slots__ = ("op", "log")
+
+    def __init__(self, op: Op, log: list):
+        self.op, self.log = op, log
+
+    def __call__(self, acc, tmp, src=None) -> None:
+        self.op(acc, tmp, src)
+        self.log.append((self.op.np_ufunc, acc if src is None else src, tmp, acc))
+
+    def finish(self, block, n: int) -> None:
+        self.op.finish(block, n)
+        if self.op.divide and n > 1:  # what Op.finish does; nothing else to record
+            self.log.append((np.true_divide, block, n, block))
+
+
+def recording(plan: Plan, log: list) -> Rounds:
+    """The plan's rounds, each logged as it is yielded, its `Op` replaced by a `Recorder`."""
+    args = tuple(Recorder(a, log) if isinstance(a, Op) else a for a in plan.args)
+    for round_ in plan.algo(*args):
+        log.append(round_)
+        yield round_
+
+
+class Replay:
+    """A recorded run, started again and again; a request with `Request`'s methods.
+
+    Args:
+        comm, tag: where the messages go (the persistent collective's tag).
+        log: what `recording` logged: rounds (lists) and reductions (tuples), in order.
+        finish: the plan's, called when a start completes (or None).
+    """
+
+    __slots__ = ("pre", "steps", "finish", "_lock", "_step", "_active", "done", "rounds",
+                 "completed_at")
+
+    def __init__(self, comm, tag: int, log: list, finish=None):
+        self.pre: list = []  # the reductions before the first round
+        self.steps: list = []  # per round: (its persistent requests, the reductions after it)
+        reductions = self.pre
+        for entry in log:
+            if type(entry) is list:
+                reqs = [comm.Recv_init(msg(m.buf), m.peer, tag) for m in entry if type(m) is Recv]
+                reqs += [comm.Send_init(msg(m.buf), m.peer, tag) for m in entry
+                         if type(m) is Send]
+                reductions = []
+                self.steps.append((reqs, reductions))
+            else:
+                reductions.append(entry)
+        self.finish, self._lock = finish, threading.Lock()
+        self._step, self._active, self.done = 0, False, True  # inactive until started
+        self.rounds, self.completed_at = 0, None
+
+    def start(self) -> None:
+        """Do the reductions before the first round and start it (never blocks)."""
+        with self._lock:  # under the lock: a progress thread may be testing it
+            self.done, self._active, self._step, self.rounds = False, True, -1, 0
+            for f, a, b, out in self.pre:
+                f(a, b, out=out)
+            self._next()
+
+    def _next(self) -> None:
+        """Start the next round, or complete."""
+        self._step += 1
+        if self._step < len(self.steps):
+            self.rounds += 1
+            reqs = self.steps[self._step][0]
+            if reqs:
+                MPI.Prequest.Startall(reqs)
+            return
+        self.done = True
+        self.completed_at = time.perf_counter()
+        if self.finish is not None:
+            self.finish()
+
+    def _advance(self) -> None:
+        """The round is complete: its reductions, then the next round."""
+        for f, a, b, out in self.steps[self._step][1]:
+            f(a, b, out=out)
+        self._next()
+
+    def test(self) -> bool:
+        """Complete every round that is ready and start the next; True when all are done."""
+        if not self._lock.acquire(blocking=False):
+            return False  # a progress thread is advancing it
+        try:
+            while not self.done:
+                reqs = self.steps[self._step][0]
+                if reqs and not MPI.Request.Testall(reqs):
+                    return False
+                self._advance()
+            return True
+        finally:
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until complete; TimeoutError after `timeout` (None: ``MPIDP_TIMEOUT``)."""
+        timeout = default_timeout() if timeout is None else timeout
+        if timeout is not None:
+            waitall([self], timeout)
+            return
+        with self._lock:
+            while not self.done:
+                reqs = self.steps[self._step][0]
+                if reqs:
+                    MPI.Request.Waitall(reqs)
+                self._advance()
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        if self.test():
+            self._active = False
+            return True
+        return False
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        self.wait()
+        self._active = False
+        return True
+
+    def __bool__(self) -> bool:
+        return self._active
+
+    def free(self) -> None:
+        """Free the MPI persistent requests (only when not active)."""
+        for reqs, _ in self.steps:
+            for r in reqs:
+                r.Free()
+        self.steps = []
+
+    def __repr__(self) -> str:
+        return f"<mpidp replay {'done' if self.done else 'pending'}, {len(self.steps)} rounds>"

@@ -1,0 +1,138 @@
+"""Replayed persistent collectives: the first start recorded, every later one replayed.
+
+Every all-reduce algorithm, in place and out of place, on 1 to 8 ranks and counts
+of every shape, is started again and again with new data in its buffers; each
+result is compared with the MPI library's own on the same inputs, and where the
+plan is replayable the test checks that the replay, not the generator, ran.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracle import assert_same, counts_for, make_input, native_allreduce
+
+import mpidp
+from mpidp.collectives.counting import CountingComm
+from mpidp.collectives.replay import REPLAYABLE, Replay, replayable
+from mpidp.collectives.schedule import Request
+
+STARTS = 4
+
+
+def check(comm, count: int, algorithm: str, in_place: bool, op: str, dtype: str) -> None:
+    """STARTS starts with new data each; odd starts completed by Test() alone."""
+    x, y = np.empty(count, dtype), np.empty(count, dtype)
+    req = mpidp.allreduce_init(comm, mpidp.IN_PLACE if in_place else x, y, op=op,
+                               algorithm=algorithm)
+    replays = replayable(req.plan)
+    if (comm.Get_size() > 1 and algorithm not in ("direct", "auto") and count
+            and (in_place or algorithm != "naive")):
+        assert replays, f"{algorithm} in_place={in_place} should be replayed"
+    for start in range(STARTS):
+        x[...] = make_input(op, dtype, count, comm.Get_rank(), seed=start)
+        if in_place:
+            y[...] = x
+        req.Start()
+        if start % 2:
+            while not req.Test():  # round by round, never blocking
+                pass
+        else:
+            req.Wait()
+        assert type(req.request) is (Replay if replays and start else Request)
+        assert_same(y, native_allreduce(comm, x, op),
+                    f"{algorithm} {op} {dtype} count={count} start={start} in_place={in_place}")
+    req.Free()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=240)
+def test_replayed_allreduce_matches_mpi_start_after_start(mpi_ranks):
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    for count in counts_for(n) + ([100_003] if n in (3, 4) else []):
+        for algorithm in mpidp.ALGORITHMS["allreduce"]:
+            for in_place in (True, False):
+                check(comm, count, algorithm, in_place, "sum", "int64")
+        check(comm, count, "ring", count % 2 == 0, "avg", "float64")  # finish recorded too
+        check(comm, count, "rabenseifner", count % 2 == 1, "max", "int32")
+
+
+@pytest.mark.mpi(ranks=[2, 3, 5], timeout=120)
+def test_replayed_allreduce_with_plain_calls_in_flight(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    x = np.empty(2 * n + 1)
+    ys, zs = np.empty((2, x.size)), np.empty((2, x.size))
+    reqs = [mpidp.allreduce_init(comm, x, y, algorithm=a)
+            for y, a in zip(ys, ("ring", "recursive_doubling"), strict=True)]
+    for start in range(5):
+        x[...] = make_input("sum", "float64", x.size, rank, seed=start)
+        plain = []
+        for req, z in zip(reqs, zs, strict=True):  # a plain call started after each start
+            req.Start()
+            plain.append(mpidp.iallreduce(comm, x, z, algorithm="rabenseifner"))
+        # completed in an order of their own, alternating
+        order = [reqs[0], plain[1], reqs[1], plain[0]] if start % 2 else [*plain[::-1], *reqs]
+        mpidp.waitall(order)
+        want = native_allreduce(comm, x, "sum")
+        for out in (*ys, *zs):
+            assert_same(out, want, f"start={start}")
+    assert all(type(req.request) is Replay for req in reqs)
+    for req in reqs:
+        req.Free()
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_a_replayed_start_does_not_wait_and_honours_timeouts(mpi_ranks):
+    comm = MPI.COMM_WORLD.Dup()
+    rank = comm.Get_rank()
+    x = np.full(8, rank + 1.0)
+    req = mpidp.allreduce_init(comm, mpidp.IN_PLACE, x, algorithm="ring")
+    req.Start()
+    req.Wait()  # recorded
+    x[...] = rank + 1.0
+    if rank == 0:
+        req.Start()  # replayed: returns although the peer has not started
+        assert not req.Test()
+        with pytest.raises(TimeoutError):
+            req.request.wait(timeout=0.2)  # still in flight afterwards
+        comm.Barrier()
+    else:
+        comm.Barrier()
+        req.Start()
+    req.Wait()
+    assert isinstance(req.request, Replay) and np.array_equal(x, np.full(8, 3.0))
+    mpi_reqs = [r for reqs, _ in req.request.steps for r in reqs]
+    assert mpi_reqs
+    req.Free()
+    assert all(r == MPI.REQUEST_NULL for r in mpi_reqs)  # the persistent requests freed
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_a_comm_like_keeps_the_generator_and_sees_every_message(mpi_ranks, no_debug_check):
+    counting = CountingComm(MPI.COMM_WORLD)
+    x = np.ones(10)
+    req = mpidp.allreduce_init(counting, mpidp.IN_PLACE, x, algorithm="ring")
+    sent = []
+    for _ in range(3):
+        x[...] = 1.0
+        counting.reset()
+        req.Start()
+        req.Wait()
+        sent.append(counting.totals()[1])
+        assert type(req.request) is Request
+        assert np.array_equal(x, np.full(10, float(counting.Get_size())))
+    assert sent[0] > 0 and len(set(sent)) == 1
+    req.Free()
+
+
+def test_what_is_replayed():
+    comm = MPI.COMM_SELF
+    x, y = np.zeros(3), np.zeros(3)
+    for algo, send, replays in (("ring", x, False), ("ring", mpidp.IN_PLACE, True),
+                                ("naive", mpidp.IN_PLACE, True), ("direct", mpidp.IN_PLACE, False)):
+        req = mpidp.allreduce_init(comm, send, y, algorithm=algo)
+        assert replayable(req.plan) is replays, algo  # one rank out of place: a copy first
+        req.Free()
+    assert "direct_allreduce" not in {f.__name__ for f in REPLAYABLE}
