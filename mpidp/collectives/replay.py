@@ -59,7 +59,7 @@ from .hierarchical import hierarchical_allreduce
 from .ops import Op
 from .plan import Plan, no_rounds
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .schedule import Recv, Rounds, Send
+from .schedule import Recv, Request, Rounds, Send
 from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 # the algorithms that write the buffers only by receives and through `op` (checked by
@@ -192,19 +192,9 @@ class Replay:
                     MPI.Request.Waitall(reqs)
                 self._advance()
 
-    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        if self.test():
-            self._active = False
-            return True
-        return False
-
-    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        self.wait()
-        self._active = False
-        return True
-
-    def __bool__(self) -> bool:
-        return self._active
+    # mpi4py's spellings, as `schedule.Request` has them (they only call test/wait and
+    # mark the request inactive once reported complete)
+    Test, Wait, __bool__ = Request.Test, Request.Wait, Request.__bool__
 
     def free(self) -> None:
         """Free the MPI persistent requests (only when not active)."""
