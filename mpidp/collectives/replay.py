@@ -47,7 +47,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers import msg
-from .completion import default_timeout, waitall
 from .halving import (
     rabenseifner_allreduce,
     rabenseifner_article_allreduce,
@@ -117,8 +116,8 @@ class Replay:
         finish: the plan's, called when a start completes (or None).
     """
 
-    __slots__ = ("pre", "steps", "finish", "_lock", "_step", "_active", "done", "rounds",
-                 "completed_at")
+    __slots__ = ("pre", "steps", "finish", "_lock", "_step", "_reqs", "_active", "done",
+                 "rounds", "completed_at")
 
     def __init__(self, comm, tag: int, log: list, finish=None):
         self.pre: list = []  # the reductions before the first round
@@ -134,7 +133,8 @@ class Replay:
             else:
                 reductions.append(entry)
         self.finish, self._lock = finish, threading.Lock()
-        self._step, self._active, self.done = 0, False, True  # inactive until started
+        self._step, self._reqs = 0, []  # the round in flight, and its requests
+        self._active, self.done = False, True  # inactive until started
         self.rounds, self.completed_at = 0, None
 
     def start(self) -> None:
@@ -150,10 +150,11 @@ class Replay:
         self._step += 1
         if self._step < len(self.steps):
             self.rounds += 1
-            reqs = self.steps[self._step][0]
-            if reqs:
-                MPI.Prequest.Startall(reqs)
+            self._reqs = self.steps[self._step][0]
+            if self._reqs:
+                MPI.Prequest.Startall(self._reqs)
             return
+        self._reqs = []
         self.done = True
         self.completed_at = time.perf_counter()
         if self.finish is not None:
@@ -165,35 +166,10 @@ class Replay:
             f(a, b, out=out)
         self._next()
 
-    def test(self) -> bool:
-        """Complete every round that is ready and start the next; True when all are done."""
-        if not self._lock.acquire(blocking=False):
-            return False  # a progress thread is advancing it
-        try:
-            while not self.done:
-                reqs = self.steps[self._step][0]
-                if reqs and not MPI.Request.Testall(reqs):
-                    return False
-                self._advance()
-            return True
-        finally:
-            self._lock.release()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until complete; TimeoutError after `timeout` (None: ``MPIDP_TIMEOUT``)."""
-        timeout = default_timeout() if timeout is None else timeout
-        if timeout is not None:
-            waitall([self], timeout)
-            return
-        with self._lock:
-            while not self.done:
-                reqs = self.steps[self._step][0]
-                if reqs:
-                    MPI.Request.Waitall(reqs)
-                self._advance()
-
-    # mpi4py's spellings, as `schedule.Request` has them (they only call test/wait and
-    # mark the request inactive once reported complete)
+    # `schedule.Request`'s own: test and wait complete `_reqs`, the round in flight, and
+    # `_advance` to the next one (its test never blocks; its wait honours MPIDP_TIMEOUT);
+    # mpi4py's spellings mark the request inactive once reported complete
+    test, wait = Request.test, Request.wait
     Test, Wait, __bool__ = Request.Test, Request.Wait, Request.__bool__
 
     def free(self) -> None:
@@ -201,7 +177,7 @@ class Replay:
         for reqs, _ in self.steps:
             for r in reqs:
                 r.Free()
-        self.steps = []
+        self.steps, self._reqs = [], []
 
     def __repr__(self) -> str:
         return f"<mpidp replay {'done' if self.done else 'pending'}, {len(self.steps)} rounds>"
