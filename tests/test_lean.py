@@ -11,30 +11,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+# a comm that records the tag of every message it posts (and refuses its own collectives)
+from test_comm import NoCollectives as TagRecorder
+
 import mpidp
 from mpidp.collectives import cost, state
-
-
-class TagRecorder:
-    """A comm that records the tag of every message it posts."""
-
-    def __init__(self, comm):
-        self.comm, self.tags = comm, []
-
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
-    def Isend(self, buf, dest, tag=0):  # noqa: N802
-        self.tags.append(tag)
-        return self.comm.Isend(buf, dest, tag)
-
-    def Irecv(self, buf, source, tag):  # noqa: N802
-        self.tags.append(tag)
-        return self.comm.Irecv(buf, source, tag)
-
-    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
-        self.tags += [sendtag, recvtag]
-        return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
 
 
 def sig_of(tag: int) -> int:
