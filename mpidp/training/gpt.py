@@ -52,6 +52,13 @@ def gpt_param_count(vocab: int, context: int, width: int, n_layer: int) -> int:
     return vocab * C + context * C + n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
+def token_cross_entropy(logits, targets) -> tuple[float, object]:
+    """Mean cross-entropy per token (nats) of logits (B, T, V) for targets (B, T); dlogits."""
+    B, T, V = logits.shape
+    loss, dlogits = softmax_cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
+    return loss, dlogits.reshape(B, T, V)  # (B, T, V), the mean over all B·T tokens
+
+
 class GPT:
     """Decoder-only transformer; ``params``/``grads`` are dicts by name (wte, wpe, h1.attn_w, ...).
 
@@ -183,11 +190,8 @@ class GPT:
         self.cache = None
 
     def loss(self, idx, targets) -> tuple[float, object]:
-        """Mean cross-entropy per token (nats) of next-token targets (B, T); dlogits (B, T, V)."""
-        logits = self.forward(idx)  # (B, T, V)
-        B, T, V = logits.shape
-        loss, dlogits = softmax_cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
-        return loss, dlogits.reshape(B, T, V)
+        """Forward, then `token_cross_entropy` of the next-token targets (B, T)."""
+        return token_cross_entropy(self.forward(idx), targets)
 
     def zero_grad(self) -> None:
         for g in self.grads.values():
