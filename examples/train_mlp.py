@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -33,7 +32,7 @@ from mpi4py import MPI
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
+from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data, outputs
 from mpidp.training.checkpoint import CheckpointError
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
@@ -114,28 +113,6 @@ def make_optimizer(args: argparse.Namespace, model):
                                       (args.beta1, args.beta2), args.eps, args.weight_decay)
 
 
-def check_outputs(args: argparse.Namespace) -> str | None:
-    """What stops rank 0 from writing its files, found now rather than after training."""
-    for flag in ("metrics", "trace", "checkpoint"):
-        path = getattr(args, flag)
-        if path is None:
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            return f"--{flag} {path}: there is no folder {folder}"
-        if os.path.isdir(path):
-            return f"--{flag} {path} is a folder"
-        # the checkpoint is written beside itself, then renamed: it needs the folder
-        target = path if os.path.exists(path) and flag != "checkpoint" else folder
-        if not os.access(target, os.W_OK):
-            return f"--{flag} {path}: {target} is not writable"
-    if args.checkpoint and os.path.exists(args.checkpoint) and not (args.resume
-                                                                     or args.overwrite):
-        return (f"--checkpoint {args.checkpoint} exists: pass --resume to continue from it, "
-                "or --overwrite to replace it")
-    return None
-
-
 def resume(path: str, model, opt, run_state: dict) -> tuple[int, int]:
     """Load `path` into the model and optimizer; the epoch and step it was saved at."""
     saved = checkpoint.load(path, model, opt, state_keys=[*run_state, "epoch", "step"])
@@ -195,7 +172,11 @@ def main(argv=None) -> int:
 
 def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
-    problem = check_outputs(args) if rank == 0 else None
+    problem = None
+    if rank == 0:  # the writer's check: the temporary checkpoint's name holds its pid
+        problem = outputs.check({"--metrics": args.metrics, "--trace": args.trace,
+                                 "--checkpoint": args.checkpoint}, checkpoint="--checkpoint",
+                                replace=args.resume or args.overwrite)
     xp = array_module(args.device)
     ds = data.digits(seed=args.seed) if args.data == "digits" else data.synthetic(seed=args.seed)
     dtype = np.dtype(args.dtype)
@@ -219,6 +200,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         except CheckpointError as e:
             problem = str(e)
     cli.agree(comm, problem, PROG)  # nothing has been trained or written yet
+    if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step, before
+        start_epoch, start_step = start_epoch + 1, 0  # its row: no step of it is left
+    if start_epoch >= args.epochs:  # every rank read the same checkpoint: all return here
+        if rank == 0:
+            where = (f"the end of epoch {start_epoch}" if start_step == 0 else
+                     f"step {start_step} of epoch {start_epoch + 1}")
+            print(f"{PROG}: nothing to do: {args.checkpoint} is at {where}, and --epochs "
+                  f"{args.epochs} asks for no more", flush=True)
+        return 0
     tracer = Tracer(rank) if args.trace else None
     ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                        args.algorithm, args.progress_thread, args.debug, tracer,
