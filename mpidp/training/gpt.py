@@ -143,6 +143,10 @@ class GPT:
         da = ops.linear_backward(dx, c_proj, g["proj_w"], g["proj_b"], acc)  # (B, T, C)
         da = ops.attention_backward(da, c_att)  # (B, T, 3C)
         dh = ops.linear_backward(da, c_qkv, g["attn_w"], g["attn_b"], acc)  # (B, T, C)
+        # the key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
+        # is exactly 0; written so, rather than as rounding noise that Adam would scale up and
+        # that would make N ranks differ from one rank by more than rounding
+        g["attn_b"][self.width:2 * self.width] = 0
         return dx + ops.layernorm_backward(dh, c_ln1, g["ln1_g"], g["ln1_b"], acc)  # (B, T, C)
 
     # ------------------------------------------------------------ the model
