@@ -119,3 +119,17 @@ def test_gpt_on_n_ranks_equals_one_rank_on_the_global_batch(mpi_ranks):
         for name in expected:
             np.testing.assert_allclose(params[name], expected[name], **TOL,
                                        err_msg=f"{case} {name}")
+
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_zero_memory_of_the_gpt_is_the_formula(mpi_ranks):
+    """Model states per rank, measured from the arrays (tied wte counted once), = the formula."""
+    from mpidp.bench import gpt as bench
+
+    args = bench.parse_args(["--layers", "1", "--heads", "2", "--width", "8", "--context", "8",
+                             "--batch", "2", "--bucket-mb", "0"])
+    rows = bench.memory(MPI.COMM_WORLD, args)
+    assert [r["zero"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert r["total"] == r["formula"], r
+    assert rows[0]["total"] > rows[1]["total"] > rows[2]["total"]
