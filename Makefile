@@ -72,7 +72,7 @@ gpt: $(STAMP)
 # 1 and 2 ranks on this host (with the ZeRO memory table and a trace of overlapped steps), then
 # 2 emulated hosts x 1 rank at 1 Gbit/s and 200 Mbit/s (mpidp.cluster: needs root, ip and tc).
 GPT_DATA  := docs/bench/gpt
-GPT_BENCH ?= --steps 20 --warmup 3
+GPT_BENCH ?= --steps 40 --warmup 3
 gpt-doc: $(STAMP)
 	mkdir -p $(GPT_DATA) docs/img
 	$(MPIEXEC) -n 1 $(PY) -m mpidp.bench gpt $(GPT_BENCH) --json $(GPT_DATA)/n1.json

@@ -6,6 +6,7 @@ accumulation, ZeRO stages 0, 1, 2 (and stage 1 with the prefetched all-gather),
 one bucket per unit and one bucket for all, pairwise rather than every product.
 """
 
+import json
 from contextlib import nullcontext
 
 import numpy as np
@@ -133,3 +134,22 @@ def test_zero_memory_of_the_gpt_is_the_formula(mpi_ranks):
     for r in rows:
         assert r["total"] == r["formula"], r
     assert rows[0]["total"] > rows[1]["total"] > rows[2]["total"]
+
+
+def test_the_gpt_bench_runs_and_reports_into_the_page(tmp_path):
+    """One rank, one step per mode: the figures are there, and the page's tables come from them."""
+    from mpidp.bench import gpt as bench
+
+    tiny = ["--layers", "1", "--heads", "2", "--width", "8", "--context", "8", "--batch", "2",
+            "--steps", "1", "--warmup", "0"]
+    assert bench.main([*tiny, "--memory", "--json", str(tmp_path / "n1.json")]) == 0
+    run = json.loads((tmp_path / "n1.json").read_text())
+    assert set(run["modes"]) == {"compute", "serial", "overlap"}
+    assert run["efficiency"] is None  # one rank: nothing to hide, no ratio of noise
+    assert [b["names"][-2:] for b in run["layout"]][-1] == ["wte", "wpe"]
+    doc = tmp_path / "gpt.md"
+    doc.write_text(f"head\n{bench.MARK[0]}\nold\n{bench.MARK[1]}\ntail\n")
+    assert bench.main(["--report", str(tmp_path), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "old" not in text and "| 1 rank(s), one host | overlap |" in text
+    assert text.startswith("head\n") and text.endswith("tail\n") and "| 2 | " in text

@@ -7,7 +7,7 @@
 One run builds `make gpt`'s model (examples/train_gpt.py's defaults: 2 blocks,
 4 heads, 64 wide, context 64, the stdlib corpus's byte vocabulary; float32,
 AdamW) and times the same training step on the same local batch three ways, as
-the overlap benchmark does:
+the overlap benchmark does, the three interleaved step by step:
 
     compute    forward + backward + AdamW, no communication            (a)
     serial     backward, then each bucket's all-reduce (overlap=False)  (b)
@@ -72,38 +72,55 @@ def model_and_batch(args, comm):
     return model, data.batch(text.train, seqs, args.context)
 
 
-def run_mode(mode: str, comm, args, tracer=None) -> dict:
-    model, (x, y) = model_and_batch(args, comm)
-    opt = AdamW(model.params, model.grads, lr=1e-3)
-    ddp = None
-    if mode != "compute":
-        ddp = DataParallel(model, comm, args.bucket_mb, args.bucket_mb, overlap=mode != "serial",
-                           optimizer=opt)
-    out = {"step": [], "backward": [], "exposed": []}
-    for i in range(args.warmup + args.steps):
-        if tracer is not None and i == args.warmup:  # the timed steps only
-            tracer.follow(ddp)
-        comm.Barrier()
-        if tracer is not None and i == args.warmup:
-            tracer.reset_clock()  # right after the barrier: the ranks' clocks lined up
+class Mode:
+    """One of the three ways to run the step, on its own copy of the model."""
+
+    def __init__(self, mode: str, comm, args):
+        self.model, (self.x, self.y) = model_and_batch(args, comm)
+        self.opt = AdamW(self.model.params, self.model.grads, lr=1e-3)
+        self.ddp = None
+        if mode != "compute":
+            self.ddp = DataParallel(self.model, comm, args.bucket_mb, args.bucket_mb,
+                                    overlap=mode != "serial", optimizer=self.opt)
+        self.times = {"step": [], "backward": [], "exposed": []}
+
+    def step(self, keep: bool) -> None:
+        """One training step (the caller lines the ranks up first); its times if `keep`."""
         t0 = time.perf_counter()
-        _, dlogits = token_cross_entropy((ddp or model).forward(x), y)
-        if ddp is None:
+        _, dlogits = token_cross_entropy((self.ddp or self.model).forward(self.x), self.y)
+        if self.ddp is None:
             t1 = time.perf_counter()
-            model.backward(dlogits)
+            self.model.backward(dlogits)
             backward, exposed = time.perf_counter() - t1, 0.0
         else:
-            ddp.backward(dlogits)
-            backward, exposed = ddp.timings["backward"], ddp.timings["exposed_comm"]
-        opt.step()
-        if i >= args.warmup:
-            out["step"].append(time.perf_counter() - t0)
-            out["backward"].append(backward)
-            out["exposed"].append(exposed)
-    if ddp is not None:
-        out["layout"] = [{"bucket": b.index, "units": b.layers, "names": b.names,
-                          "bytes": int(b.flat.nbytes)} for b in ddp.buckets]
-        ddp.close()
+            self.ddp.backward(dlogits)
+            backward, exposed = self.ddp.timings["backward"], self.ddp.timings["exposed_comm"]
+        self.opt.step()
+        if keep:
+            for k, v in zip(self.times, (time.perf_counter() - t0, backward, exposed),
+                            strict=True):
+                self.times[k].append(v)
+
+
+def run_modes(comm, args, tracer=None) -> dict:
+    """The three modes' steps interleaved (compute, serial, overlap, compute, ...): a change
+    of the machine's load hits all three alike. A `tracer` records the overlapped steps."""
+    modes = {mode: Mode(mode, comm, args) for mode in MODES}
+    for i in range(args.warmup + args.steps):
+        for mode, m in modes.items():
+            if tracer is not None and mode == "overlap" and i == args.warmup:
+                tracer.follow(m.ddp)
+            comm.Barrier()
+            if tracer is not None and mode == "overlap" and i == args.warmup:
+                tracer.reset_clock()  # right after the barrier: the ranks' clocks lined up
+            m.step(keep=i >= args.warmup)
+    out = {mode: m.times for mode, m in modes.items()}
+    b = modes["overlap"].ddp.buckets
+    out["layout"] = [{"bucket": k.index, "units": k.layers, "names": k.names,
+                      "bytes": int(k.flat.nbytes)} for k in b]
+    for m in modes.values():
+        if m.ddp is not None:
+            m.ddp.close()
     return out
 
 
@@ -139,29 +156,30 @@ def run(args) -> int:
                      "context": args.context}, "batch": args.batch, "bucket_mb": args.bucket_mb,
            "load": os.getloadavg()[0], "modes": {}}
     with blas_threads(1):
-        for mode in MODES:
-            r = run_mode(mode, comm, args)
+        runs = run_modes(comm, args)
+        out["layout"] = runs.pop("layout")
+        for mode, r in runs.items():
             slowest = np.array(r["step"])
             mp.allreduce(comm, mp.IN_PLACE, slowest, op="max")  # a step lasts as its slowest
             step = float(np.median(slowest))
             out["modes"][mode] = {"step_ms": 1e3 * step, "tokens_per_s": tokens / step,
                                   "backward_ms": 1e3 * float(np.median(r["backward"])),
                                   "exposed_comm_ms": 1e3 * float(np.median(r["exposed"]))}
-            if "layout" in r:
-                out["layout"] = r["layout"]
         m = out["modes"]
         hidden = m["serial"]["step_ms"] - m["overlap"]["step_ms"]
         cost = m["serial"]["step_ms"] - m["compute"]["step_ms"]
         hideable = min(m["serial"]["exposed_comm_ms"], m["compute"]["backward_ms"])
-        out.update(hidden_ms=hidden, hidden_fraction=hidden / cost if cost > 0 else None,
-                   efficiency=hidden / hideable if hideable > 0 else None)
+        alone = size == 1  # nothing to hide: no figure rather than a ratio of noise
+        out.update(hidden_ms=hidden,
+                   hidden_fraction=hidden / cost if cost > 0 and not alone else None,
+                   efficiency=hidden / hideable if hideable > 0 and not alone else None)
         model, _ = model_and_batch(args, comm)
         out["params"] = model.num_params()
         if args.memory:
             out["memory"] = memory(comm, args)
         if args.trace:
             tracer = Tracer(comm.Get_rank())
-            run_mode("overlap", comm, argparse.Namespace(**{**vars(args), "steps": 1}), tracer)
+            run_modes(comm, argparse.Namespace(**{**vars(args), "steps": 1}), tracer)
             tracer.write(args.trace, comm)
     if comm.Get_rank() == 0:
         print(json.dumps({k: v for k, v in out.items() if k not in ("layout", "memory")}))
