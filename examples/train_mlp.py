@@ -10,12 +10,14 @@ The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
 the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
 
-A bad flag or MPIDP_TIMEOUT, an output path rank 0 cannot write, an existing
---checkpoint without --resume or --overwrite, or a checkpoint that cannot be
-resumed: rank 0 says so in one line and every rank exits with code 2, before
-any training. After that, an exception on any rank ends the whole job, and so
-does a stretch with no progress longer than the deadline (MPIDP_TIMEOUT seconds,
-or by default max(60 s, 10 x the longest seen), see mpidp.watchdog.guard).
+A bad flag or MPIDP_TIMEOUT, an output path rank 0 cannot write (or two of
+--metrics, --trace, --checkpoint naming one file: mpidp.training.outputs), an
+existing --checkpoint without --resume or --overwrite, or a checkpoint that
+cannot be resumed: rank 0 says so in one line and every rank exits with code 2,
+before any training (--resume with no epoch left to train: one line, exit 0).
+After that, an exception on any rank ends the whole job, and so does a stretch
+with no progress longer than the deadline (MPIDP_TIMEOUT seconds, or by default
+max(60 s, 10 x the longest seen), see mpidp.watchdog.guard).
 """
 
 from __future__ import annotations
