@@ -95,14 +95,14 @@ class GPT:
 
         host = {"wte": normal(V, C), "wpe": normal(T, C)}
         proj_std = 0.02 / np.sqrt(2 * n_layer)
-        for l in range(1, n_layer + 1):  # noqa: E741 (l: the block, as in the papers)
+        for blk in range(1, n_layer + 1):
             host.update({
-                f"h{l}.ln1_g": np.ones(C), f"h{l}.ln1_b": np.zeros(C),
-                f"h{l}.attn_w": normal(C, 3 * C), f"h{l}.attn_b": np.zeros(3 * C),
-                f"h{l}.proj_w": normal(C, C, std=proj_std), f"h{l}.proj_b": np.zeros(C),
-                f"h{l}.ln2_g": np.ones(C), f"h{l}.ln2_b": np.zeros(C),
-                f"h{l}.fc_w": normal(C, 4 * C), f"h{l}.fc_b": np.zeros(4 * C),
-                f"h{l}.fcproj_w": normal(4 * C, C, std=proj_std), f"h{l}.fcproj_b": np.zeros(C),
+                f"h{blk}.ln1_g": np.ones(C), f"h{blk}.ln1_b": np.zeros(C),
+                f"h{blk}.attn_w": normal(C, 3 * C), f"h{blk}.attn_b": np.zeros(3 * C),
+                f"h{blk}.proj_w": normal(C, C, std=proj_std), f"h{blk}.proj_b": np.zeros(C),
+                f"h{blk}.ln2_g": np.ones(C), f"h{blk}.ln2_b": np.zeros(C),
+                f"h{blk}.fc_w": normal(C, 4 * C), f"h{blk}.fc_b": np.zeros(4 * C),
+                f"h{blk}.fcproj_w": normal(4 * C, C, std=proj_std), f"h{blk}.fcproj_b": np.zeros(C),
             })
         host.update({"lnf_g": np.ones(C), "lnf_b": np.zeros(C)})
         self.params = {k: self.xp.asarray(v.astype(self.dtype)) for k, v in host.items()}
@@ -119,8 +119,8 @@ class GPT:
 
     # ------------------------------------------------------------ one block
 
-    def _block_forward(self, x, l: int):  # noqa: E741
-        p = {n: self.params[f"h{l}.{n}"] for n in BLOCK}
+    def _block_forward(self, x, blk: int):
+        p = {n: self.params[f"h{blk}.{n}"] for n in BLOCK}
         h, c_ln1 = ops.layernorm_forward(x, p["ln1_g"], p["ln1_b"])  # (B, T, C)
         qkv, c_qkv = ops.linear_forward(h, p["attn_w"], p["attn_b"])  # (B, T, 3C)
         a, c_att = ops.attention_forward(qkv, self.n_head)  # (B, T, C)
@@ -133,8 +133,8 @@ class GPT:
         x = x + h  # (B, T, C) residual
         return x, (c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj)
 
-    def _block_backward(self, dx, cache, l: int, acc: bool):  # noqa: E741
-        g = {n: self.grads[f"h{l}.{n}"] for n in BLOCK}
+    def _block_backward(self, dx, cache, blk: int, acc: bool):
+        g = {n: self.grads[f"h{blk}.{n}"] for n in BLOCK}
         c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj = cache
         dh = ops.linear_backward(dx, c_fcproj, g["fcproj_w"], g["fcproj_b"], acc)  # (B, T, 4C)
         dh = ops.gelu_backward(dh, c_gelu)  # (B, T, 4C)
@@ -160,10 +160,10 @@ class GPT:
         x, c_emb = ops.embedding_forward(idx, self.params["wte"], self.params["wpe"])
         hook(1)
         blocks = []
-        for l in range(1, self.n_layer + 1):  # noqa: E741
-            x, c = self._block_forward(x, l)  # (B, T, C)
+        for blk in range(1, self.n_layer + 1):
+            x, c = self._block_forward(x, blk)  # (B, T, C)
             blocks.append(c)
-            hook(l + 1)
+            hook(blk + 1)
         x, c_lnf = ops.layernorm_forward(x, self.params["lnf_g"], self.params["lnf_b"])
         logits, c_head = ops.head_forward(x, self.params["wte"])  # (B, T, V)
         hook(self.layers)
@@ -186,9 +186,9 @@ class GPT:
         dx = ops.head_backward(dlogits, c_head, g["wte"], accumulate)  # (B, T, C), wte's 1st
         dx = ops.layernorm_backward(dx, c_lnf, g["lnf_g"], g["lnf_b"], accumulate)
         hook(self.layers)
-        for l in range(self.n_layer, 0, -1):  # noqa: E741
-            dx = self._block_backward(dx, blocks[l - 1], l, accumulate)  # (B, T, C)
-            hook(l + 1)
+        for blk in range(self.n_layer, 0, -1):
+            dx = self._block_backward(dx, blocks[blk - 1], blk, accumulate)  # (B, T, C)
+            hook(blk + 1)
         ops.embedding_backward(dx, c_emb, g["wte"], g["wpe"], accumulate)  # wte: adds
         hook(1)
         self.cache = None
