@@ -209,8 +209,8 @@ def test_a_rank_that_ends_while_the_others_wait_is_named_at_the_deadline(tmp_pat
 
 
 def test_ranks_that_all_end_cleanly_exit_0_and_say_nothing(tmp_path):
-    """The goodbyes every rank sends at its end are all received: no abort, no message
-    left over for MPI_Finalize; ranks that end at different times wait for each other."""
+    """Ranks that end at different times (returning, sys.exit(0), sys.exit()) say goodbye
+    and wait for each other's: every one exits 0, and nothing is printed."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
         import sys, time
