@@ -13,6 +13,10 @@ blocks, and `watchdog.abort` adds the answer to its line::
     mpidp: rank 2 of 4: script.py failed: TimeoutError: ...; rank 1 had already left
     (its program ended with status 0); aborting the job
 
+A program that calls ``MPI.Finalize()`` itself says goodbye from inside it
+(MPI deletes ``COMM_SELF``'s attributes first thing in ``MPI_Finalize``); else
+the others would wait for its goodbye while it waited for them in Finalize.
+
 ``python -m mpidp`` sets one up (``watchdog.run(..., farewell=True)``). A rank
 that leaves without it (``os._exit``, or a plain ``python script.py``) says
 nothing, and the line names no one.
@@ -36,11 +40,19 @@ class Farewell:
     def __init__(self, comm):
         self.comm = comm.Dup()  # its own: no program's message can match a goodbye
         self.statuses: dict[int, int] = {}  # rank -> the status its program ended with
+        self.done = False
         self._lock = threading.Lock()  # a watchdog thread may ask while the program runs
+        # A program that calls MPI.Finalize itself says goodbye there: MPI deletes the
+        # attributes of COMM_SELF first thing in MPI_Finalize, with MPI still usable.
+        # Otherwise the others would wait for its goodbye, and it for them in Finalize.
+        keyval = MPI.Comm.Create_keyval(delete_fn=lambda *_: self.leave(0))
+        MPI.COMM_SELF.Set_attr(keyval, True)
 
     def left(self) -> dict[int, int]:
         """The ranks whose program has ended so far, and its status (never blocks)."""
         with self._lock:
+            if self.comm == MPI.COMM_NULL or MPI.Is_finalized():  # after `leave`: all heard
+                return dict(self.statuses)
             while (message := self.comm.Improbe(MPI.ANY_SOURCE, self.TAG)) is not None:
                 status, buf = MPI.Status(), np.empty(1, np.int64)
                 message.Recv(buf, status)
@@ -49,6 +61,9 @@ class Farewell:
 
     def leave(self, code: int) -> None:
         """This rank's program ended with `code`: tell every rank, wait for their goodbyes."""
+        if self.done:  # at MPI_Finalize, after the program's end, or the other way round
+            return
+        self.done = True
         me, n = self.comm.Get_rank(), self.comm.Get_size()
         mine = np.array([code if isinstance(code, int) else 1], np.int64)
         requests = [self.comm.Isend(mine, r, self.TAG) for r in range(n) if r != me]

@@ -209,18 +209,21 @@ def test_a_rank_that_ends_while_the_others_wait_is_named_at_the_deadline(tmp_pat
 
 
 def test_ranks_that_all_end_cleanly_exit_0_and_say_nothing(tmp_path):
-    """The goodbyes every rank sends at its end are all received: no abort, no message
-    left over for MPI_Finalize; ranks that end at different times wait for each other."""
+    """Ranks that end at different times (returning, sys.exit(0), sys.exit(), calling
+    MPI.Finalize first) say goodbye and wait for each other's: every one exits 0, and
+    nothing is printed. (Rank 3 says it from inside MPI_Finalize, as the others wait.)"""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
         import sys, time
         from mpi4py import MPI
         rank = MPI.COMM_WORLD.rank
-        time.sleep(0.3 * rank)  # they end one after the other
+        time.sleep(0.3 * (rank % 4))  # they end one after the other, rank 4 with rank 0
         if rank == 1:
             sys.exit(0)
         if rank == 2:
             sys.exit()
+        if rank == 3:
+            MPI.Finalize()
         print(f"rank {rank} ends", flush=True)
     """))
     code, out, err, seconds = mpiexec(5, [sys.executable, "-m", "mpidp", str(script)])
