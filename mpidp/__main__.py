@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     what = argv[1] if argv[0] == "-m" else "-c program" if argv[0] == "-c" else argv[0]
-    return watchdog.run(lambda: run_command_line(argv), what)
+    return watchdog.run(lambda: run_command_line(argv), what, farewell=True)
 
 
 if __name__ == "__main__":

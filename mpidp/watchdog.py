@@ -5,8 +5,10 @@ error ever comes back (TCP retries for minutes); when a rank dies or raises,
 its peers wait for it forever. The tools here, none touching the schedule engine:
 
 - `run(main)` calls an entry point's ``main`` and ends the whole job
-  (``MPI_Abort``) if it raises on any rank, as ``python -m mpi4py`` does;
-  ``python -m mpidp script.py`` runs a script that way;
+  (``MPI_Abort``) if it raises on any rank, as ``python -m mpi4py`` does, even
+  when the exception cannot be printed; ``python -m mpidp script.py`` runs a
+  script that way, with a `Farewell` from each rank whose program ends cleanly,
+  so that peers still waiting for it can name it when their deadline comes;
 - `guard(timeout)` wraps any block of code, blocking collectives included: if
   the block goes `timeout` s without a ``kick()`` of its watchdog, a thread
   prints which rank gave up on what, then calls ``MPI.COMM_WORLD.Abort``
@@ -37,6 +39,7 @@ from contextlib import contextmanager
 from mpi4py import MPI
 
 from .collectives.completion import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
+from .farewell import Farewell
 
 EXIT_TIMEOUT = 124  # the code `timeout(1)` uses
 EXIT_ERROR = 1
@@ -69,25 +72,51 @@ def wait(handle, timeout: float | None = None, *, what: str = "collective") -> N
                            "or disagrees on the arguments, or its link is down") from None
 
 
+_farewell: Farewell | None = None  # the launcher's, if this process runs under it
+
+
+def _departures(comm) -> str:
+    """'; rank 1 had already left (...)' for the ranks whose program ended, or ''."""
+    if _farewell is None:
+        return ""
+    world = MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT)
+    who = "rank" if world else "world rank"  # the goodbyes are numbered in the world
+    return "".join(f"; {who} {r} had already left (its program ended with status {code})"
+                   for r, code in sorted(_farewell.left().items()))
+
+
+def _text(obj, kind: str = "") -> str:
+    """str(obj), or a note saying so if its ``__str__`` raises (anything, even SystemExit)."""
+    try:
+        return str(obj)
+    except BaseException:  # noqa: BLE001 -- whatever it raises, the job must still end
+        return f"<{kind or type(obj).__name__ + ' object'}: str() failed>"
+
+
 def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     """Print `message` with this rank's number, then end the whole job."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    # MPI_Abort asks mpiexec to kill every rank; if mpiexec is out of reach (our own
+    # link is down) it may block, as may a stderr nobody reads: a timer armed first
+    # makes sure this process ends (mpiexec then ends the others: a non-zero exit).
+    killer = threading.Timer(MESSAGE_S + ABORT_GRACE_S, os._exit, (code,))
+    killer.daemon = True
+    killer.start()
     try:
         sys.stdout.flush()  # what this rank printed so far: Abort would lose it
-    except Exception:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
+    except BaseException:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
         pass
-    sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
-                     "aborting the job\n")
-    sys.stderr.flush()
+    try:
+        message += _departures(comm)
+        sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
+                         "aborting the job\n")
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 -- nor a stderr that fails
+        pass
     # The message travels to mpiexec through this host's proxy, and the abort by
     # another channel; were the abort first, mpiexec could tear the job down with
     # the message still in the pipe. A failed job can spare half a second.
     time.sleep(MESSAGE_S)
-    # MPI_Abort asks mpiexec to kill every rank; if mpiexec is out of reach (our own
-    # link is down) it may block, so a second timer makes sure this process ends.
-    killer = threading.Timer(ABORT_GRACE_S, os._exit, (code,))
-    killer.daemon = True
-    killer.start()
     comm.Abort(code)
     os._exit(code)
 
@@ -105,33 +134,61 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     if isinstance(e, SystemExit):
         if isinstance(e.code, int):
             abort(f"{what} exited with status {e.code}", e.code, comm)
-        abort(f"{what} exited: {e.code}", EXIT_ERROR, comm)  # sys.exit("message")
+        abort(f"{what} exited: {_text(e.code)}", EXIT_ERROR, comm)  # sys.exit("message")
     if isinstance(e, KeyboardInterrupt):  # Ctrl-C reaches every rank: no traceback needed
         abort(f"{what} interrupted", 130, comm)
     tb = e.__traceback__  # from the program's own frames: skip run()'s and runpy's
     while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb)
+    try:  # its __str__ may raise: traceback copes; a closed stderr it does not
+        traceback.print_exception(type(e), e, tb)
+    except BaseException:  # noqa: BLE001 -- an exception that cannot be printed still ends the job
+        pass
     code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
-    abort(f"{what} failed: {type(e).__name__}: {e}", code, comm)
+    abort(f"{what} failed: {type(e).__name__}: {_text(e, 'exception')}", code, comm)
 
 
-def run(main: Callable[[], int | None], what: str, comm=None) -> int:
+def run(main: Callable[[], int | None], what: str, comm=None, farewell: bool = False) -> int:
     """Call an entry point's `main()`; if it raises on this rank, end the whole job.
 
-    A returned code is every rank's own (they agree, or the job would hang anyway);
-    an exception on one rank, a ``sys.exit(n)`` with n != 0 included, aborts them all
-    with one line naming the rank, after the traceback. `ExitAll` passes through::
+    A returned code is every rank's own (they agree, or the job would hang anyway):
+    one other than 0 is raised as `ExitAll`, so that a launcher around this lets it
+    through too. An exception on one rank, a ``sys.exit(n)`` with n != 0 included,
+    aborts them all with one line naming the rank, after the traceback. `ExitAll`
+    passes through::
 
         if __name__ == "__main__":
             sys.exit(watchdog.run(main, "train_mlp.py"))
+
+    Args:
+        farewell: say goodbye at a clean end (`Farewell`; collective, at the start too).
     """
+    global _farewell
+    bye = None
+    if farewell:
+        bye = _farewell = Farewell(MPI.COMM_WORLD)
     try:
         code = main()
     except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it
+        _end_job(e, what, comm)  # it returns for ExitAll, and exit 0, only
+        _leave(bye, e.code or 0, what, comm)
+        raise
+    code = 0 if code is None else code
+    _leave(bye, code, what, comm)
+    if code != 0:
+        raise ExitAll(code)
+    return 0
+
+
+def _leave(bye: Farewell | None, code: int, what: str, comm) -> None:
+    """Say goodbye and wait for the others' (ranks still running: it may take long)."""
+    if bye is None:
+        return
+    try:
+        bye.leave(code)
+    except BaseException as e:  # noqa: BLE001 -- Ctrl-C meanwhile: end the job, as in main
         _end_job(e, what, comm)
         raise
-    return 0 if code is None else code
 
 
 class Dog:

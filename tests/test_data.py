@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mpidp.training import ShardSampler, digits, synthetic
+from mpidp.training import ShardSampler, data, digits, synthetic
 
 
 def test_digits_ships_with_sklearn_and_splits_deterministically():
@@ -55,3 +55,34 @@ def test_bad_batch_sizes_are_refused():
         ShardSampler(100, 10, 0, 4)
     with pytest.raises(ValueError, match="exceeds"):
         ShardSampler(10, 20, 0, 1)
+
+
+def test_stdlib_text_reads_the_sorted_files_end_to_end_and_holds_out_the_tail(tmp_path):
+    files = {"b.py": b"bb\n", "a.py": b"aaaa", "pkg/__init__.py": b"c", "pkg/x.txt": b"no",
+             "test/t.py": b"skipped", "site-packages/s.py": b"skipped"}
+    for rel, content in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(content)
+    assert data.stdlib_files(str(tmp_path)) == ["a.py", "b.py", "pkg/__init__.py"]
+    text = data.stdlib_text(max_bytes=7, val_fraction=0.3, root=str(tmp_path))
+    assert text.vocab == b"\nab" and text.files == 2  # 'aaaa' + 'bb\n', cut at 7 bytes
+    assert text.decode(text.train) == "aaaab" and text.decode(text.val) == "b\n"
+    assert text.unigram_entropy() == pytest.approx(-(0.8 * np.log(0.8) + 0.2 * np.log(0.2)))
+    again = data.stdlib_text(max_bytes=7, val_fraction=0.3, root=str(tmp_path))
+    assert np.array_equal(again.train, text.train) and np.array_equal(again.val, text.val)
+    with pytest.raises(ValueError, match="no Python source"):
+        data.stdlib_text(root=str(tmp_path / "pkg" / "none"))
+
+
+def test_sequences_are_disjoint_windows_with_targets_shifted_by_one():
+    tokens = np.arange(23)
+    assert data.sequences(tokens, 5) == 4  # 4 x 5 + 1 target <= 23
+    x, y = data.batch(tokens, np.array([3, 0]), 5)
+    assert x.tolist() == [[15, 16, 17, 18, 19], [0, 1, 2, 3, 4]]
+    assert np.array_equal(y, x + 1)
+
+
+def test_the_real_stdlib_corpus_is_python_source():
+    text = data.stdlib_text(max_bytes=1 << 16)
+    assert len(text.train) + len(text.val) == 1 << 16
+    assert "def " in text.decode(text.train) and 1.5 < text.unigram_entropy() < np.log(256)

@@ -1,5 +1,8 @@
 """Datasets that need no download, and the per-rank sharding sampler.
 
+`digits` and `synthetic` are for the MLP; `stdlib_text` is the GPT's corpus, the
+bytes of Python's own standard library source (see its docstring).
+
 The sampler is what makes N-rank training equal 1-rank training. Each epoch:
 
     perm = permutation of the training set, drawn from (seed, epoch) only
@@ -19,6 +22,8 @@ pad, because padding would repeat samples and change the gradient).
 
 from __future__ import annotations
 
+import os
+import sysconfig
 from typing import NamedTuple
 
 import numpy as np
@@ -65,6 +70,97 @@ def synthetic(n: int = 8192, features: int = 256, classes: int = 10, seed: int =
     teacher = rng.standard_normal((features, classes))  # (D, C)
     y = (x @ teacher).argmax(axis=1).astype(np.int64)  # (n,)
     return _split(x, y, test_fraction, seed + 1)
+
+
+class Text(NamedTuple):
+    """A byte-level corpus: token ids (int64) of the train and held-out splits, the vocabulary.
+
+    Token k is the byte ``vocab[k]``: the vocabulary is the sorted set of bytes in the text.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    vocab: bytes
+    files: int  # how many source files it was cut from
+
+    def decode(self, ids) -> str:
+        return bytes(self.vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
+
+    def unigram_entropy(self) -> float:
+        """H = -sum p log p of the training split's byte frequencies, in nats per token.
+
+        The loss of the best model that ignores context: a language model that learns
+        anything from the context goes below it.
+        """
+        counts = np.bincount(self.train, minlength=len(self.vocab)).astype(np.float64)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+
+SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+def stdlib_files(root: str | None = None) -> list[str]:
+    """The standard library's ``.py`` files, relative to `root`, in sorted order ('/' paths).
+
+    Installed packages and the test suites are left out (`SKIP`).
+    """
+    root = root or sysconfig.get_paths()["stdlib"]
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP]
+        rel = os.path.relpath(folder, root)
+        found += [n if rel == "." else f"{rel}/{n}".replace(os.sep, "/")
+                  for n in names if n.endswith(".py")]
+    return sorted(found)
+
+
+def stdlib_text(max_bytes: int = 2 << 20, val_fraction: float = 0.1,
+                root: str | None = None) -> Text:
+    """The first `max_bytes` of the standard library's source, as byte-level tokens.
+
+    The files of `stdlib_files` are read in their sorted order and laid end to end
+    (``__future__.py``, ``__hello__.py``, ``_aix_support.py``, ...) until `max_bytes`;
+    the last one is cut. The first ``1 - val_fraction`` of the bytes are the
+    training split, the rest the held-out one (other files than the training ones,
+    but for the one at the cut). Every fresh machine has it; it depends on the
+    Python version (and where the standard library comes from) only, and the
+    training order on the seed only (`ShardSampler` over `sequences`).
+    """
+    if max_bytes < 2 or not 0 < val_fraction < 1:
+        raise ValueError(f"max_bytes {max_bytes} must be >= 2 and val_fraction "
+                         f"{val_fraction} in (0, 1)")
+    root = root or sysconfig.get_paths()["stdlib"]
+    chunks, size, files = [], 0, 0
+    for rel in stdlib_files(root):
+        with open(os.path.join(root, rel), "rb") as f:
+            chunks.append(f.read(max_bytes - size))
+        size += len(chunks[-1])
+        files += 1
+        if size >= max_bytes:
+            break
+    raw = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    if raw.size < 2:
+        raise ValueError(f"no Python source under {root}")
+    vocab = np.unique(raw)  # (V,) the bytes that occur, sorted
+    ids = np.searchsorted(vocab, raw).astype(np.int64)  # (n,) byte -> token id
+    cut = int(round(raw.size * (1 - val_fraction)))
+    return Text(ids[:cut], ids[cut:], bytes(vocab.tolist()), files)
+
+
+def sequences(tokens: np.ndarray, context: int) -> int:
+    """How many whole (input, target) sequences of `context` tokens `tokens` holds.
+
+    Sequence k is ``tokens[k*T : k*T + T]``, its targets the same shifted by one
+    (`batch`): they do not overlap, so an epoch sees each token once.
+    """
+    return max(0, (len(tokens) - 1) // context)
+
+
+def batch(tokens: np.ndarray, seqs: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and next-token targets (b, T) of the sequences numbered `seqs` (b,)."""
+    pos = seqs[:, None] * context + np.arange(context)  # (b, T)
+    return tokens[pos], tokens[pos + 1]
 
 
 class ShardSampler:

@@ -6,8 +6,9 @@ averaged across the ranks, one all-reduce per layer, and only then may the optim
 step. Communication waits for compute, then compute waits for communication.
 
 `DataParallel` keeps the same two steps and removes the wait, as PyTorch DDP does. The
-gradients live in a few flat buffers, the buckets (`buckets.py`): whole layers, last
-first (backward's order), each closed at ``bucket_mb`` (the first at ``first_bucket_mb``,
+gradients live in a few flat buffers, the buckets (`buckets.py`): whole layers (units of
+backward, the model protocol there: the MLP's layers, the GPT's blocks), last first
+(backward's order), each closed at ``bucket_mb`` (the first at ``first_bucket_mb``,
 so the first all-reduce starts early). The model calls ``on_grad(i)`` after layer i;
 when a bucket's last layer is done its all-reduce (average; persistent, planned once at
 construction, `mpidp.allreduce_init`) starts, and the ones in flight are advanced with
@@ -39,7 +40,7 @@ from contextlib import contextmanager
 from mpi4py import MPI
 
 from .. import collectives as mp
-from .buckets import Bucket, make_buckets
+from .buckets import Bucket, make_buckets, units, writers
 from .replicas import check_replicas, replicate
 
 MiB = 1 << 20
@@ -57,16 +58,17 @@ class NaiveDataParallel:
 
     def backward(self, dlogits) -> None:
         self.model.backward(dlogits)  # compute first ...
-        for i in range(self.model.layers, 0, -1):  # ... then communicate, layer by layer
-            for name in self.model.names(i):
+        for _, names in units(self.model):  # ... then communicate, layer by layer
+            for name in names:  # a tied weight once, with the last unit that writes it
                 mp.allreduce(self.comm, mp.IN_PLACE, self.model.grads[name], op=mp.AVG)
 
 
 class DataParallel:
-    """Wraps an `MLP` for data-parallel training on `comm`, buckets overlapped with backward.
+    """Wraps a model for data-parallel training on `comm`, buckets overlapped with backward.
 
     Args:
-        model: an `MLP` (anything with params, grads, layers, names(i), forward, backward).
+        model: an `MLP`, a `GPT`: anything with the protocol of `buckets.py` (params,
+            grads, layers, names(i), forward with on_layer, backward with on_grad).
         comm: an MPI communicator or `mpidp.Comm` (duplicated: a matching space for the
             buckets; `close` frees it), or any comm-like object (used as given).
         bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25, 1); 0: one per layer.
@@ -102,7 +104,8 @@ class DataParallel:
         for b in self.buckets:  # planned once: each step only starts them
             b.plan = mp.allreduce_init(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
                                        algorithm=algorithm)
-        self._bucket_of = {i: b for b in self.buckets for i in b.layers}
+        self._bucket_of = {i: b for b in self.buckets for i in b.layers}  # completed by unit i
+        self._writes = writers(model, self.buckets)  # unit i -> the buckets it writes into
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}
@@ -167,7 +170,7 @@ class DataParallel:
             self._sync = previous
 
     def on_grad(self, i: int) -> None:
-        """Layer i's gradients are written: maybe launch its bucket; progress the others."""
+        """Unit i's gradients are written: maybe launch its bucket; progress the others."""
         bucket = self._bucket_of[i]
         bucket.pending -= 1
         if bucket.pending == 0 and self._launching:

@@ -27,7 +27,9 @@ One step on rank r, N = 4, 3 buckets (bucket 0 = last layer, done first):
     all-gather      each bucket's parameters, in forward order: every rank whole again
 
 Stage 1 keeps the full gradient buckets allocated (and reduce-scatters into
-them); stage 2 allocates each bucket as backward reaches it and frees it once
+them); stage 2 allocates each bucket as backward reaches the first unit that
+writes into it (a tied weight's bucket at the first of its units: the GPT's
+embedding bucket lives through the whole backward) and frees it once
 its reduce-scatter is done (under `no_sync()`, the buckets live until the
 synced backward). Every update is elementwise, so updating a shard gives the
 bits that updating the whole would: N ranks still train like one rank on the
@@ -203,14 +205,16 @@ class ShardedDataParallel(DataParallel):
         super().on_grad(i)
         if self.zero == 2:
             self._take_done()  # free what is done: buckets in flight bound the peak
-            if i > 1:
-                self._make(self._bucket_of[i - 1])
+            if i > 1:  # unit i-1 is next: every bucket it writes into (a tied weight's
+                for b in self._writes[i - 1]:  # was made for the unit that wrote it first)
+                    self._make(b)
 
     def backward(self, dlogits, timeout: float | None = None) -> None:
         """Backward with bucketed reduce-scatter; on return ``grad_shard`` holds my average."""
         self.wait_params()
         if self.zero == 2:
-            self._make(self._bucket_of[self.model.layers])
+            for b in self._writes[self.model.layers]:
+                self._make(b)
         self._taken = [False] * len(self.buckets)
         super().backward(dlogits, timeout)
         self._take_done()  # after the parent's wait: every launched bucket is done
@@ -238,7 +242,7 @@ class ShardedDataParallel(DataParallel):
             return super().forward(x)
         last = self.model.layers
 
-        def on_layer(i: int) -> None:  # layer i is done; wait for layer i+1's parameters
+        def on_layer(i: int) -> None:  # unit i is done; wait for unit i+1's parameters
             if self.on_layer is not None:
                 self.on_layer(i)
             if i < last:
@@ -248,11 +252,13 @@ class ShardedDataParallel(DataParallel):
         return self.model.forward(x, on_layer=on_layer)
 
     def _wait_layer(self, i: int) -> None:
-        k = len(self.buckets) - 1 - self._bucket_of[i].index  # its place in `_gathers`
-        if self._gathers:
-            mp.waitall([self._gathers[k]], self.timeout)
-            if mp.testall(self._gathers):  # advance the others too
-                self._gathers = []
+        """Wait for the all-gathers of every bucket that unit i reads (a tied weight's too)."""
+        for b in self._writes[i]:
+            k = len(self.buckets) - 1 - b.index  # its place in `_gathers`
+            if self._gathers:
+                mp.waitall([self._gathers[k]], self.timeout)
+                if mp.testall(self._gathers):  # advance the others too
+                    self._gathers = []
 
     def check_replicas(self) -> None:
         self.wait_params()

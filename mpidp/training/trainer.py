@@ -1,0 +1,209 @@
+"""What the example trainers share: their flags and checks, the optimizer, checkpoints, deadlines.
+
+``examples/train_mlp.py`` and ``examples/train_gpt.py`` differ in their model, their
+data and what they measure; the rest is here, once:
+
+    p = trainer.parser(PROG, doc, DEFAULT_LR, epochs=12, global_batch=64)
+    p.add_argument(...)                         # the model's and the data's own flags
+    main = trainer.main(PROG, parse_args, train)  # usage errors, watchdog, BLAS threads
+
+- `parser` adds the flags every trainer has (`--epochs`/`--max-steps`,
+  `--global-batch`, `--accum-steps`, `--bucket-mb`, `--algorithm`, `--zero`,
+  `--optimizer`, `--checkpoint`/`--resume`/`--overwrite`, `--metrics`, `--trace`,
+  `--dtype`, `--progress`, ...) and `checked` the rules between them, so that a
+  bad command line is one line on rank 0 and exit code 2 on every rank;
+- `problems` finds, on rank 0, an output file that could not be written (`outputs`);
+- `resume` loads a checkpoint written with the same data order, or says why not;
+- `data_parallel` builds `DataParallel` from the flags; `Saver` writes checkpoints
+  (the ZeRO shards gathered first: a collective);
+- `Progress` is the bar on rank 0; `blas_threads` keeps BLAS to its share of cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+from mpi4py import MPI
+
+from .. import ALGORITHMS, cli, watchdog
+from . import checkpoint, outputs
+from .checkpoint import CheckpointError
+from .ddp import DataParallel
+from .optim import OPTIMIZERS, SGD
+from .zero import HALVES
+
+
+def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global_batch: int,
+           optimizer: str = "sgd", bucket_mb: float = 25.0,
+           metrics_help: str = "JSON lines") -> cli.Parser:
+    """A `cli.Parser` holding the flags every trainer has, with this trainer's defaults."""
+    count, count0 = cli.number(int, 1), cli.number(int, 0)  # >= 1, >= 0
+    positive, nonnegative = cli.number(float, 0, above=True), cli.number(float, 0)
+    p = cli.Parser(prog=prog, description=description)
+    p.set_defaults(default_lr=default_lr)
+    p.add_argument("--epochs", type=count, default=epochs)
+    p.add_argument("--global-batch", type=count, default=global_batch,
+                   help="samples per step, all ranks")
+    p.add_argument("--optimizer", default=optimizer, choices=list(OPTIMIZERS))
+    p.add_argument("--lr", type=positive, default=None,
+                   help=f"learning rate (default: {default_lr})")
+    p.add_argument("--momentum", type=nonnegative, default=0.9, help="SGD's")
+    p.add_argument("--beta1", type=nonnegative, default=0.9, help="Adam's and AdamW's, < 1")
+    p.add_argument("--beta2", type=nonnegative, default=0.999, help="Adam's and AdamW's, < 1")
+    p.add_argument("--eps", type=nonnegative, default=1e-8, help="Adam's and AdamW's")
+    p.add_argument("--weight-decay", type=nonnegative, default=1e-4,
+                   help="L2 (SGD, Adam) or decoupled (AdamW)")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
+                   help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too")
+    p.add_argument("--seed", type=count0, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
+    p.add_argument("--progress-thread", action="store_true",
+                   help="advance all-reduces from a background thread too")
+    p.add_argument("--bucket-mb", type=nonnegative, default=bucket_mb,
+                   help="0: one bucket per layer")
+    p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0)
+    p.add_argument("--accum-steps", type=count, default=1, help="micro-batches per step")
+    p.add_argument("--algorithm", default="auto", choices=ALGORITHMS["allreduce"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) here")
+    p.add_argument("--checkpoint", metavar="FILE", help="save here after every epoch")
+    p.add_argument("--checkpoint-every", type=count0, default=0, metavar="STEPS",
+                   help="also save every STEPS optimizer steps")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --checkpoint (without --resume)")
+    p.add_argument("--max-steps", type=count0, default=0,
+                   help="stop after this many optimizer steps in all (0: run every epoch)")
+    p.add_argument("--metrics", metavar="FILE", help=metrics_help)
+    p.add_argument("--progress", default="auto", choices=["auto", "always", "never"],
+                   help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
+    p.add_argument("--debug", action="store_true", help="check replicas are identical")
+    p.add_argument("--blas-threads", type=count, default=1, help="BLAS threads per rank")
+    return p
+
+
+def checked(p: cli.Parser, argv=None) -> argparse.Namespace:
+    """Parse `argv` and check the rules between the common flags (a `cli.UsageError`)."""
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint FILE")
+    if args.beta1 >= 1 or args.beta2 >= 1:
+        p.error(f"--beta1 {args.beta1}, --beta2 {args.beta2}: each must be below 1")
+    if args.zero and args.algorithm not in HALVES:
+        p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
+                f"one of {', '.join(HALVES)}")
+    if args.lr is None:
+        args.lr = args.default_lr[args.optimizer]
+    return args
+
+
+def make_optimizer(args: argparse.Namespace, model):
+    """The optimizer the flags ask for, on the model's dicts (DataParallel shards it)."""
+    if args.optimizer == "sgd":
+        return SGD(model.params, model.grads, args.lr, args.momentum, args.weight_decay)
+    return OPTIMIZERS[args.optimizer](model.params, model.grads, args.lr,
+                                      (args.beta1, args.beta2), args.eps, args.weight_decay)
+
+
+def problems(args: argparse.Namespace, rank: int) -> str | None:
+    """Rank 0's check of the output files (the temporary checkpoint's name holds its pid)."""
+    if rank != 0:
+        return None
+    return outputs.check({"--metrics": args.metrics, "--trace": args.trace,
+                          "--checkpoint": args.checkpoint}, checkpoint="--checkpoint",
+                         replace=args.resume or args.overwrite)
+
+
+def run_state(args: argparse.Namespace) -> dict:
+    """What fixes the data order: a checkpoint resumes only a run with the same."""
+    return {"seed": args.seed, "global_batch": args.global_batch,
+            "accum_steps": args.accum_steps}
+
+
+def resume(path: str, model, opt, state: dict) -> tuple[int, int]:
+    """Load `path` into the model and optimizer; the epoch and step it was saved at."""
+    saved = checkpoint.load(path, model, opt, state_keys=[*state, "epoch", "step"])
+    for key, value in state.items():
+        if saved[key] != value:
+            raise CheckpointError(f"{path} was written with {key}={saved[key]}, this run has "
+                                  f"{value}: the data order would differ")
+    return saved["epoch"], saved["step"]
+
+
+def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
+    """`DataParallel` (or its ZeRO subclass) as the flags ask."""
+    return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
+                        args.algorithm, args.progress_thread, args.debug, tracer,
+                        zero=args.zero, optimizer=opt)
+
+
+class Saver:
+    """``save(epoch, step)``: the checkpoint of `ddp`'s model, written by rank 0 (collective)."""
+
+    def __init__(self, args: argparse.Namespace, ddp: DataParallel, opt, rank: int):
+        self.args, self.ddp, self.opt, self.rank = args, ddp, opt, rank
+
+    def __call__(self, epoch: int, step: int) -> None:
+        if not self.args.checkpoint:
+            return
+        whole = self.ddp.full_optimizer() if self.args.zero else self.opt  # gathered
+        if self.rank == 0:
+            checkpoint.save(self.args.checkpoint, self.ddp.model, whole,
+                            {**run_state(self.args), "epoch": epoch, "step": step})
+
+
+class Progress:
+    """A plain-text progress bar on stderr, shown only once an epoch runs for a while."""
+
+    def __init__(self, mode: str, total: int, label: str):
+        self.on = mode == "always" or (mode == "auto" and sys.stderr.isatty())
+        self.total, self.label = total, label
+        self.t0 = self.shown = time.perf_counter()
+        self.drawn = False
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if not self.on or now - self.t0 < 1.0 or now - self.shown < 0.2:
+            return
+        filled = 30 * done // self.total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+                         f"{done}/{self.total} steps")
+        sys.stderr.flush()
+        self.shown, self.drawn = now, True
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r" + " " * 72 + "\r")
+            sys.stderr.flush()
+
+
+def blas_threads(n: int):
+    """One BLAS thread per rank: the ranks of a node share its cores (threadpoolctl is optional)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def main(prog: str, parse_args: Callable, train: Callable) -> Callable:
+    """A trainer's ``main(argv=None) -> exit code``: `parse_args`, then `train(args, comm, dog)`.
+
+    A usage error (a bad flag, a bad MPIDP_TIMEOUT) is exit code 2 on every rank; then
+    every collective runs under a deadline, and an exception on one rank ends the job.
+    """
+    def run(argv=None) -> int:
+        comm = MPI.COMM_WORLD
+        try:  # the same argv and environment on every rank: all return 2 together
+            args = parse_args(argv)
+            watchdog.timeout_from_env()  # a bad MPIDP_TIMEOUT is a usage error too
+        except (cli.UsageError, ValueError) as e:
+            return cli.usage_error(prog, e)
+        with watchdog.guard("auto", "training") as dog, blas_threads(args.blas_threads):
+            return train(args, comm, dog)
+    return run

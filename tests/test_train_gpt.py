@@ -1,0 +1,80 @@
+"""examples/train_gpt.py in this process, on one rank: its rows, its checks, resume = one run.
+
+The N-rank equality of the training itself is test_gpt_ddp.py's; the shared
+checks of flags and paths are the trainer module's, exercised through
+train_mlp.py in test_outputs.py and test_failures.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "..", "examples", "train_gpt.py")
+TINY = ["--layers", "1", "--heads", "2", "--width", "8", "--context", "8", "--corpus-mb",
+        "0.02", "--global-batch", "4", "--eval-tokens", "64", "--sample-tokens", "5",
+        "--progress", "never", "--dtype", "float64"]
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    spec = importlib.util.spec_from_file_location("train_gpt", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    try:
+        code = module.main([*TINY, *map(str, argv)])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_one_row_per_evaluation_with_the_issue_fields(tmp_path, capsys):
+    m = tmp_path / "m.jsonl"
+    code, out, _ = run(["--max-steps", "5", "--eval-every", "2", "--metrics", m], capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 4, 5]  # before the first step, every 2, the end
+    for r in rows:
+        assert {"step", "loss", "val_loss", "tokens_per_s", "memory_bytes"} <= set(r)
+        assert np.isfinite(r["loss"]) and np.isfinite(r["val_loss"]) and r["memory_bytes"] > 0
+    assert rows[0]["tokens_per_s"] == 0 and all(r["tokens_per_s"] > 0 for r in rows[1:])
+    assert "unigram" in out and "sample:\ndef " in out
+
+
+def test_a_resumed_run_equals_one_run(tmp_path, capsys):
+    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
+    assert run(["--max-steps", "4", "--checkpoint", one], capsys)[0] == 0
+    assert run(["--max-steps", "2", "--checkpoint", two], capsys)[0] == 0
+    code, out, _ = run(["--max-steps", "4", "--checkpoint", two, "--resume"], capsys)
+    assert code == 0 and "resumed" in out
+    a, b = np.load(one), np.load(two)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        if k.startswith(("param/", "optim/")):
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)  # bitwise: one process
+    code, out, _ = run(["--max-steps", "4", "--checkpoint", two, "--resume"], capsys)
+    assert code == 0 and "nothing to do" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--width", "9"], "not a multiple of --heads"),
+    (["--global-batch", "100000"], "--global-batch"),
+    (["--resume"], "--resume needs --checkpoint"),
+    (["--zero", "1", "--algorithm", "naive"], "reduce-scatter"),
+])
+def test_bad_flags_exit_2_in_one_line(argv, says, capsys):
+    code, _, err = run(argv, capsys)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_existing_checkpoint_needs_resume_or_overwrite(tmp_path, capsys):
+    ck = tmp_path / "ck.npz"
+    ck.write_bytes(b"old")
+    code, _, err = run(["--max-steps", "1", "--checkpoint", ck], capsys)
+    assert code == 2 and "--overwrite" in err and ck.read_bytes() == b"old"
