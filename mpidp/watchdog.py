@@ -93,15 +93,21 @@ def _text(obj, kind: str = "") -> str:
         return f"<{kind or type(obj).__name__ + ' object'}: str() failed>"
 
 
+def _exit_later(code: int) -> None:
+    """End this process in a few seconds, whatever happens meanwhile (mpiexec then ends
+    the others: a rank's non-zero exit ends the job)."""
+    killer = threading.Timer(MESSAGE_S + ABORT_GRACE_S, os._exit, (code,))
+    killer.daemon = True
+    killer.start()
+
+
 def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     """Print `message` with this rank's number, then end the whole job."""
     comm = MPI.COMM_WORLD if comm is None else comm
     # MPI_Abort asks mpiexec to kill every rank; if mpiexec is out of reach (our own
-    # link is down) it may block, as may a stderr nobody reads: a timer armed first
-    # makes sure this process ends (mpiexec then ends the others: a non-zero exit).
-    killer = threading.Timer(MESSAGE_S + ABORT_GRACE_S, os._exit, (code,))
-    killer.daemon = True
-    killer.start()
+    # link is down) it may block, as may a stderr nobody reads: the timer armed first
+    # makes sure this process ends.
+    _exit_later(code)
     try:
         sys.stdout.flush()  # what this rank printed so far: Abort would lose it
     except BaseException:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
@@ -132,11 +138,18 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     if isinstance(e, ExitAll) or (isinstance(e, SystemExit) and e.code in (None, 0)):
         return  # every rank exits here, or this one exits cleanly: nothing to end
     if isinstance(e, SystemExit):
+        code = e.code if isinstance(e.code, int) else EXIT_ERROR
+    elif isinstance(e, KeyboardInterrupt):
+        code = 130
+    else:
+        code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
+    _exit_later(code)  # before any printing: an exception's __str__ or stderr may block
+    if isinstance(e, SystemExit):
         if isinstance(e.code, int):
-            abort(f"{what} exited with status {e.code}", e.code, comm)
-        abort(f"{what} exited: {_text(e.code)}", EXIT_ERROR, comm)  # sys.exit("message")
+            abort(f"{what} exited with status {e.code}", code, comm)
+        abort(f"{what} exited: {_text(e.code)}", code, comm)  # sys.exit("message")
     if isinstance(e, KeyboardInterrupt):  # Ctrl-C reaches every rank: no traceback needed
-        abort(f"{what} interrupted", 130, comm)
+        abort(f"{what} interrupted", code, comm)
     tb = e.__traceback__  # from the program's own frames: skip run()'s and runpy's
     while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
@@ -144,7 +157,6 @@ def _end_job(e: BaseException, what: str, comm) -> None:
         traceback.print_exception(type(e), e, tb)
     except BaseException:  # noqa: BLE001 -- an exception that cannot be printed still ends the job
         pass
-    code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
     abort(f"{what} failed: {type(e).__name__}: {_text(e, 'exception')}", code, comm)
 
 
