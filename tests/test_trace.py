@@ -110,6 +110,17 @@ def three_steps(path):
         json.dump({"traceEvents": events}, f)
 
 
+def test_the_timeline_keys_the_kinds_it_draws_off_the_bars(tmp_path, monkeypatch):
+    from plots import drawn, problems
+
+    path = str(tmp_path / "run.json")
+    three_steps(path)
+    figures = drawn(monkeypatch)
+    trace.plot(path, str(tmp_path / "t.png"))
+    (fig,) = figures
+    assert problems(fig) == []  # reduce_scatter is not in the key: there is none to draw
+
+
 def test_plot_draws_one_step_by_default_and_says_how_to_draw_others(tmp_path, capsys):
     path, png = str(tmp_path / "run.json"), str(tmp_path / "t.png")
     three_steps(path)
