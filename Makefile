@@ -48,7 +48,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -v --durations=15 tests
+	$(PY) -m pytest -v -rs --durations=15 tests
 
 # one bucket per layer (the demo model is 67 KiB: the 25 MiB default would make one bucket,
 # and nothing would overlap); the trace shows each layer's all-reduce start during backward

@@ -190,8 +190,10 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         dog.kick()
     ddp.close()
     if tracer is not None and rank == 0:  # the last line: where the timeline is
-        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw it: "
-              f"python -m mpidp.trace plot {args.trace} -o timeline.png)")
+        python = os.path.relpath(sys.executable)  # this python: the one with mpidp installed
+        python = sys.executable if python.startswith("..") else python
+        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw one step: "
+              f"{python} -m mpidp.trace plot {args.trace} -o timeline.png)")
     return 0
 
 

@@ -6,9 +6,10 @@ completion on its own row (buckets in flight overlap, so they cannot share
 one). `write` gathers every rank's events to rank 0 and writes one JSON file,
 one process row per rank, that https://ui.perfetto.dev and chrome://tracing open.
 
-    python -m mpidp.trace plot run.json -o timeline.png [--start MS --end MS]
+    python -m mpidp.trace plot run.json -o timeline.png [--step K | --all] [--start MS --end MS]
 
-draws the same rows with matplotlib, for documents.
+draws the same rows with matplotlib, for documents: by default one step (the
+run's middle one; a whole run is thousands of spans too thin to tell apart).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
 COMM = 1
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
           "reduce_scatter": "#64b5cd", "wait": "#c44e52", "optimizer": "#8172b3"}
+OTHER = "#999999"  # a span of another category
 
 
 class Tracer:
@@ -119,27 +121,86 @@ class Tracer:
                 json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
 
+class TraceError(Exception):
+    """The trace cannot be drawn: missing, not a trace, or the window asked for is not in it."""
+
+
 def load(path: str) -> list[dict]:
-    with open(path) as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
+    """The events of a Chrome trace file (TraceError if it is missing or not one)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{path}: not a readable trace ({e})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: not a Chrome trace (no traceEvents list)")
+    return events
+
+
+def steps(events: list[dict]) -> list[tuple[float, float]]:
+    """The training steps of the first rank in the trace, (start, end) in ms: each ends
+    with its optimizer span, the next starts there (the first at the rank's first span).
+    Empty if the trace has no optimizer spans (a trace of backward passes only)."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        return []
+    pid = min(e["pid"] for e in spans)
+    mine = [e for e in spans if e["pid"] == pid]
+    ends = sorted((e["ts"] + e["dur"]) / 1e3 for e in mine if e.get("cat") == "optimizer")
+    if not ends:
+        return []
+    starts = [min(e["ts"] for e in mine) / 1e3, *ends[:-1]]
+    return list(zip(starts, ends, strict=True))
+
+
+def window(events: list[dict], start_ms: float | None = None, end_ms: float | None = None,
+           step: int | None = None, whole: bool = False) -> tuple[float, float, str]:
+    """The window to draw, (lo, hi) in ms, and what it is in words.
+
+    By default one step, the middle one of the run: a whole run is thousands of
+    spans, too thin to see (a barcode). `step` (1-based) picks another, `whole` the
+    whole run; `start_ms`/`end_ms` set either edge (the other from the choice above).
+    """
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise TraceError("no spans in the trace")
+    run = (min(e["ts"] for e in spans) / 1e3, max(e["ts"] + e["dur"] for e in spans) / 1e3)
+    found = steps(events)
+    if step is not None and not 1 <= step <= len(found):
+        raise TraceError(f"--step {step}: the trace has {len(found)} steps"
+                         + (f" (1 to {len(found)})" if found else ""))
+    if whole or not found:
+        (lo, hi), what = run, "the whole run"
+    else:
+        k = len(found) // 2 + 1 if step is None else step
+        (lo, hi), what = found[k - 1], f"step {k} of {len(found)}"
+    if start_ms is not None or end_ms is not None:
+        lo = lo if start_ms is None else start_ms
+        hi = hi if end_ms is None else end_ms
+        what = f"{lo:g}-{hi:g} ms"
+    if not lo < hi:
+        raise TraceError(f"an empty window: {lo:g} to {hi:g} ms")
+    return lo, hi, what
 
 
 def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | None = None,
-         title: str | None = None) -> None:
-    """Draw a trace as horizontal bars: one band per rank, one row per tid."""
+         title: str | None = None, step: int | None = None, whole: bool = False) -> str:
+    """Draw a trace as horizontal bars: one band per rank, one row per tid; return what
+    window was drawn, in words (see `window`: by default the run's middle step)."""
+    events = load(path)
+    lo, hi, what = window(events, start_ms, end_ms, step, whole)
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = load(path)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e["name"] == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X"]
-    lo = start_ms if start_ms is not None else min((e["ts"] / 1e3 for e in spans), default=0)
-    hi = end_ms if end_ms is not None else max(((e["ts"] + e["dur"]) / 1e3 for e in spans),
-                                               default=1)
     spans = [e for e in spans if e["ts"] / 1e3 < hi and (e["ts"] + e["dur"]) / 1e3 > lo]
     rows = sorted({(e["pid"], e["tid"]) for e in spans} | {k for k in names if k[0] in
                                                            {e["pid"] for e in spans}})
@@ -149,31 +210,44 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
         left = max(e["ts"] / 1e3, lo)
         width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
         ax.barh(y_of[(e["pid"], e["tid"])], width, left=left, height=0.8,
-                color=COLORS.get(e["cat"], "#999999"), edgecolor="black", linewidth=0.3)
+                color=COLORS.get(e["cat"], OTHER), edgecolor="black", linewidth=0.3)
     ax.set_yticks(list(y_of.values()))
     ax.set_yticklabels([f"rank {p} {names.get((p, t), t)}" for p, t in y_of])
     ax.set_xlim(lo, hi)
     ax.set_xlabel("time (ms)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    fig.legend(handles, list(COLORS), loc="lower center", ncol=len(COLORS), fontsize=8)
-    ax.set_title(title or path)
+    # the key: a colour per kind of span drawn, below the axes (never over the bars)
+    shown = {e["cat"] if e["cat"] in COLORS else "other" for e in spans}
+    kinds = [k for k in [*COLORS, "other"] if k in shown]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS.get(k, OTHER)) for k in kinds]
+    fig.legend(handles, kinds, loc="lower center", ncol=max(len(kinds), 1), fontsize=8)
+    ax.set_title(title or f"{path}: {what}")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return what
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpidp.trace")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plot", help="draw a Chrome trace written by --trace as a PNG")
+    p = sub.add_parser("plot", help="draw a Chrome trace written by --trace as a PNG "
+                                    "(by default the run's middle step)")
     p.add_argument("file")
     p.add_argument("-o", "--output", default="timeline.png")
+    p.add_argument("--step", type=int, default=None,
+                   help="draw step K of the first rank (1-based; default: the middle one)")
+    p.add_argument("--all", action="store_true", help="draw the whole run")
     p.add_argument("--start", type=float, default=None, help="window start, ms")
     p.add_argument("--end", type=float, default=None, help="window end, ms")
     p.add_argument("--title", default=None)
     args = parser.parse_args(argv)
-    plot(args.file, args.output, args.start, args.end, args.title)
-    print(f"wrote {args.output}")
+    try:
+        what = plot(args.file, args.output, args.start, args.end, args.title, args.step,
+                    args.all)
+    except TraceError as e:
+        print(f"{parser.prog} plot: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}: {what} (--step K, --start MS --end MS or --all for another)")
     return 0
 
 

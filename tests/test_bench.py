@@ -21,6 +21,8 @@ from mpidp.bench import peers, report, runs, targets
 from mpidp.bench.output import write_json
 from mpidp.collectives import api
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw · factor, the share of the data each
 # rank's link carries (all-reduce: reduce-scatter + all-gather)
 NCCL_TESTS_BUS_FACTOR = {
@@ -379,3 +381,34 @@ def test_overlap_benchmark_writes_every_output(mpi_ranks, shared_dir):
         rows = list(csv.DictReader(f))
     assert [r["mode"] for r in rows] == list(summary["modes"])
     assert os.path.getsize(out["png"]) > 1000
+
+
+# ---------------------------------------------------------------- the plots, readable
+
+
+def test_the_collectives_plot_has_a_key_per_panel_one_colour_per_series_off_the_data(
+        tmp_path, monkeypatch):
+    """From the committed 4-rank data (12 series in the all-reduce panels, gloo included)."""
+    from plots import drawn, problems
+
+    from mpidp.bench import report
+
+    figures = drawn(monkeypatch)
+    (run,) = [r for r in report.load_runs(os.path.join(ROOT, "docs", "bench"))
+              if r["ranks"] == 4]
+    report.plot(run["rows"], run, str(tmp_path / "n4.png"))
+    (fig,) = figures
+    assert problems(fig) == []
+
+
+def test_the_overlap_plot_has_a_key_per_panel_one_colour_per_mode_off_the_data(
+        tmp_path, monkeypatch):
+    from plots import drawn, problems
+
+    from mpidp.bench import overlap
+
+    figures = drawn(monkeypatch)
+    with open(os.path.join(ROOT, "docs", "bench", "overlap-n2.json")) as f:
+        overlap.plot(json.load(f), str(tmp_path / "overlap-n2.png"))
+    (fig,) = figures
+    assert problems(fig) == []

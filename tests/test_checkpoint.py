@@ -91,6 +91,32 @@ def test_truncated_corrupt_missing_and_foreign_files_are_clear_errors(tmp_path):
         assert np.array_equal(model.params[k], before[k])
 
 
+def test_a_corrupt_later_entry_leaves_every_parameter_untouched(tmp_path):
+    """A flipped byte past the first 4 KiB of a later entry: zipfile reads a member 4 KiB at
+    a time and checks its CRC at the end, so only reading the whole entry finds it; by
+    then nothing may have been written (load reads every entry, then writes)."""
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained(sizes=(6, 40, 20))  # W2: 40 x 20 float64, 6400 bytes
+    save(path, model, opt, {"epoch": 1, "step": 0})
+    blob = open(path, "rb").read()
+    for entry, data in (("param/W2", model.params["W2"]),
+                        ("optim/velocity/W2", opt.velocity["W2"])):
+        assert data.nbytes > 4096  # its last byte lies past zipfile's first read
+        flipped = bytearray(blob)
+        flipped[blob.find(data.tobytes()) + data.nbytes - 1] ^= 0xFF  # its last byte
+        bad = tmp_path / "bad.npz"
+        bad.write_bytes(bytes(flipped))
+        fresh = MLP([6, 40, 20], dtype="float64", seed=5)
+        fresh_opt = SGD(fresh.params, fresh.grads, lr=0.1, momentum=0.9)
+        before = {k: v.copy() for k, v in fresh.params.items()}
+        assert not any(np.array_equal(before[k], model.params[k]) for k in before)
+        with pytest.raises(CheckpointError, match=f"{entry}: .*CRC"):
+            load(str(bad), fresh, fresh_opt)
+        changed = [k for k in before if not np.array_equal(fresh.params[k], before[k])]
+        assert not changed, f"{entry} corrupt, yet {changed} were written"  # W1, b1 come first
+        assert fresh_opt.steps == 0 and fresh_opt.velocity == {}
+
+
 def test_a_checkpoint_of_another_model_is_refused_before_anything_changes(tmp_path):
     path = str(tmp_path / "ck.npz")
     model, opt = trained(sizes=(6, 5, 3))

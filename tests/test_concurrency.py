@@ -251,6 +251,60 @@ def test_disagreeing_ranks_never_exchange_data(mpi_ranks, no_debug_check):
         comm.Free()
 
 
+def persistent_mismatches(rank: int):
+    """(what, create) pairs for persistent collectives (``*_init``): each rank's call differs
+    from its neighbours' in one thing. Their tags lie in a range of their own, kept for life:
+    the signature must be folded in there too."""
+    odd = rank % 2
+    x8 = np.ones(8, "f4" if odd else "i4")  # equal byte sizes: MPI would add garbage
+    n8 = 8 + odd
+    return [
+        ("dtype", lambda c: mpidp.allreduce_init(c, x8, np.full_like(x8, 7), algorithm="ring")),
+        ("op", lambda c: mpidp.allreduce_init(c, np.ones(8), np.full(8, 7.0),
+                                              op="max" if odd else "sum", algorithm="ring")),
+        ("count", lambda c: mpidp.allreduce_init(c, np.ones(n8), np.full(n8, 7.0),
+                                                 algorithm="ring")),
+        ("algorithm", lambda c: mpidp.allreduce_init(
+            c, np.ones(8), np.full(8, 7.0), algorithm="ring" if odd else "recursive_doubling")),
+        ("reduce_scatter op", lambda c: mpidp.Comm(c).Reduce_scatter_block_init(
+            np.ones(2 * c.Get_size()), np.full(2, 7.0), op=MPI.MAX if odd else MPI.SUM,
+            algorithm="ring")),
+        ("allgather dtype", lambda c: mpidp.allgather_init(
+            c, x8[:2], np.full(2 * c.Get_size(), 7, x8.dtype), algorithm="ring")),
+    ]
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_disagreeing_persistent_collectives_never_exchange_data(mpi_ranks, no_debug_check):
+    """As above, for ``*_init``: started, the mismatched calls stall on every rank (were the
+    signature left out of persistent tags, they would match and exchange data)."""
+    world = MPI.COMM_WORLD
+    comms, matched = [], {}
+    for what, create in persistent_mismatches(world.Get_rank()):
+        comms.append(world.Dup())
+        req = create(comms[-1])
+        req.Start()
+        try:
+            req.wait(timeout=0.5)
+        except TimeoutError:
+            stalled = True
+        except MPI.Exception:  # a message of another size was matched (truncated): data met
+            stalled = False
+        else:
+            stalled = False
+        flags = world.allgather(stalled)
+        if not all(flags):
+            matched[what] = flags
+        for r in req.request._reqs:  # take this rank's posted receives back
+            if r:  # (where messages met, some are complete: null)
+                r.Cancel()
+            r.Wait()
+    world.Barrier()
+    for comm in comms:
+        comm.Free()
+    assert not matched, f"ranks completed with a mismatched peer (stalled per rank): {matched}"
+
+
 @pytest.mark.mpi(ranks=[2, 5], timeout=120)
 def test_debug_check_names_every_ranks_value_whatever_the_length(mpi_ranks):
     comm = MPI.COMM_WORLD

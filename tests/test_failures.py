@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -513,6 +514,33 @@ def test_the_default_deadline_grows_with_the_longest_stretch_between_kicks(monke
     finally:
         dog.stop()
     assert watchdog.DEFAULT_FLOOR_S == 60 and watchdog.DEFAULT_FACTOR == 10  # as documented
+
+
+def test_the_watchdog_fires_within_a_second_of_the_deadline_after_the_last_kick(monkeypatch):
+    """Start-up may last 30 s, each stretch after it 1.5 s: kicked for 1.6 s, then left, the
+    dog must fire 1.5 s after the last kick (+ 1 s), not when a check once per start-up
+    deadline, or once per stretch (3 s, 4.5 s, ...), would next look."""
+    fired = threading.Event()
+    when = []
+
+    def abort(message, code, comm=None):  # record instead of ending this process
+        when.append(time.monotonic())
+        dog.stop()
+        fired.set()
+
+    monkeypatch.setattr(watchdog, "abort", abort)
+    dog = watchdog.Dog(1.5, "test", None, startup=30.0)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.6:  # past the first 1.5 s stretch by a little
+        dog.kick()
+        last = time.monotonic()
+        time.sleep(0.1)
+    try:
+        fired.wait(1.5 + 1.0 + 1.0)  # a second past the bound: the bound is what is asserted
+    finally:
+        dog.stop()
+    assert when, "the watchdog did not fire within 1.5 s + 1 s of the last kick"
+    assert 1.5 <= when[0] - last <= 1.5 + 1.0, f"fired {when[0] - last:.2f} s after the last kick"
 
 
 def test_mpidp_timeout_replaces_the_default_after_start_up(monkeypatch):

@@ -192,3 +192,30 @@ def test_simulated_results_equal_numpy_for_uneven_layouts():
             out = simulate("allgather", name, 3, counts=counts, displs=displs)
             assert not out.problems(), (name, counts)
             assert np.count_nonzero(out.results[0] == 77) == out.blocks.extent - sum(counts)
+
+
+def test_the_volume_table_shows_the_busiest_rank_where_ranks_differ():
+    """`check`'s table gives, per N, the most rounds, bytes sent, received and reduced over
+    the ranks. Binomial broadcast: the root sends G to each of its ⌈log2 N⌉ children, a
+    leaf nothing; Rabenseifner on 3 ranks: the folded pair does more than the others."""
+    from mpidp.sim.check import measured
+
+    for collective, algorithm, ranks in (("bcast", "binomial", [3, 8]),
+                                         ("allreduce", "rabenseifner", [3])):
+        text = measured(collective, algorithm, ranks)
+        rows = {int(line.split("|")[0]): line.split("|")[1:6]
+                for line in text.splitlines()[3:]}
+        assert sorted(rows) == ranks, text
+        for N, cells in rows.items():
+            steps, rounds, sent, recv, reduced = (float(c) for c in cells)
+            q = 1 << (N.bit_length() - 1)
+            count = 2 * N * q // np.gcd(N, q)  # as `measured` takes it
+            s = simulate(collective, algorithm, N, count, dtype="int64").sim
+            G = count * 8
+            assert min(s.bytes_sent) < max(s.bytes_sent), (algorithm, N)  # the ranks differ
+            assert (steps, rounds) == (s.steps, max(s.rounds)), (algorithm, N, text)
+            assert sent == round(max(s.bytes_sent) / G, 3), (algorithm, N, text)
+            assert recv == round(max(s.bytes_received) / G, 3), (algorithm, N, text)
+            assert reduced == round(max(s.reduced) / count, 3), (algorithm, N, text)
+            if algorithm == "binomial":
+                assert sent == (N - 1).bit_length() and recv == 1.0, text  # the root; a leaf

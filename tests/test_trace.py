@@ -90,3 +90,78 @@ def test_the_demo_trace_shows_each_layers_allreduce_start_during_backward(tmp_pa
         assert sum(t < bwd[1]["ts"] for t in starts) == len(layers) - 1, (w, starts)
         steps += 1
     assert steps > 0
+
+
+def three_steps(path):
+    """A trace of 2 ranks, 3 steps each (forward, backward, wait, optimizer), 10 ms apart."""
+    events = []
+    for rank in (0, 1):
+        t = trace.Tracer(rank)
+        t.t0 = 0.0
+        for k in range(3):
+            s = 0.010 * k + 0.001 * rank
+            t.add("forward L1", s, s + 0.002, "forward")
+            t.add("backward L1", s + 0.002, s + 0.004, "backward")
+            t.add("allreduce bucket 0", s + 0.003, s + 0.008, "allreduce", tid=trace.COMM)
+            t.add("wait", s + 0.004, s + 0.008, "wait")
+            t.add("sgd", s + 0.008, s + 0.009, "optimizer")
+        events += t.chrome_events()
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_the_timeline_keys_the_kinds_it_draws_off_the_bars(tmp_path, monkeypatch):
+    from plots import drawn, problems
+
+    path = str(tmp_path / "run.json")
+    three_steps(path)
+    figures = drawn(monkeypatch)
+    trace.plot(path, str(tmp_path / "t.png"))
+    (fig,) = figures
+    assert problems(fig) == []  # reduce_scatter is not in the key: there is none to draw
+
+
+def test_plot_draws_one_step_by_default_and_says_how_to_draw_others(tmp_path, capsys):
+    path, png = str(tmp_path / "run.json"), str(tmp_path / "t.png")
+    three_steps(path)
+    events = trace.load(path)
+
+    def ms(pairs):
+        return [tuple(round(t, 6) for t in pair) for pair in pairs]
+
+    assert ms(trace.steps(events)) == [(0, 9), (9, 19), (19, 29)]  # rank 0's, in ms
+    lo, hi, what = trace.window(events)
+    assert ms([(lo, hi)]) == [(9, 19)] and what == "step 2 of 3"  # the middle one
+    assert ms([trace.window(events, step=1)[:2]]) == [(0, 9)]
+    assert ms([trace.window(events, whole=True)[:2]]) == [(0, 30)]
+    assert ms([trace.window(events, end_ms=12)[:2]]) == [(9, 12)]
+    assert trace.main(["plot", path, "-o", png]) == 0
+    out = capsys.readouterr().out
+    assert "step 2 of 3" in out and "--step K" in out and "--all" in out, out
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bad.json"], "bad.json: not a readable trace"),
+    (["run.json", "--step", "4"], "--step 4: the trace has 3 steps"),
+    (["run.json", "--start", "20", "--end", "10"], "an empty window"),
+])
+def test_plot_of_a_bad_file_or_window_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    three_steps(str(tmp_path / "run.json"))
+    (tmp_path / "bad.json").write_text("{")
+    png = tmp_path / "t.png"
+    assert trace.main(["plot", *(str(tmp_path / a) if a.endswith(".json") else a
+                                 for a in args), "-o", str(png)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert err.startswith("python -m mpidp.trace plot: error: ") and not png.exists()
+
+
+def test_plot_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mpidp.trace", "plot", "missing.json"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "python -m mpidp.trace plot: error: missing.json: no such file\n"

@@ -120,8 +120,34 @@ def series(row: dict) -> str:
     return row["algorithm"] + (" persistent" if row.get("persistent") else "")
 
 
+# One colour per series, the same in every panel. The MPI library is black (dashed; its
+# persistent calls grey, dotted); the all-reduce panels hold twelve series, so tab10 is
+# not enough alone. A series met in no panel of the all-reduce's (halving, broadcast) takes
+# a colour of one that is absent where it appears.
+SERIES_COLORS = {
+    "native": "black", "native persistent": "#7f7f7f",
+    "ring": "C0", "rabenseifner": "C1", "recursive_doubling": "C2", "auto": "C3",
+    "direct": "C4", "rabenseifner_article": "C5", "hierarchical": "C6", "naive": "navy",
+    "auto persistent": "C8", "gloo": "C9",
+    "recursive_halving": "C1", "binomial": "C4", "scatter_allgather": "C5",
+}
+SPARE_COLORS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "navy", "C8", "C9", "C7")
+LINESTYLES = {"native": "--", "native persistent": ":"}
+
+
+def colors(names) -> dict[str, str]:
+    """A colour for each series of one panel: its own, or (a name not listed in
+    SERIES_COLORS) the first spare one no other series of the panel has."""
+    found = {n: SERIES_COLORS[n] for n in names if n in SERIES_COLORS}
+    for n in names:
+        if n not in found:
+            found[n] = next((c for c in SPARE_COLORS if c not in found.values()), "C7")
+    return found
+
+
 def plot(rows: list[dict], meta: dict, path: str) -> None:
-    """One row of subplots per collective: busbw and latency against size, native dashed."""
+    """One row of subplots per collective: busbw and latency against size, native dashed;
+    each panel's key beside it, off the data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,18 +155,18 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
-    fig, axes = plt.subplots(len(collectives), 2, figsize=(11, 3.3 * len(collectives)),
+    fig, axes = plt.subplots(len(collectives), 2, figsize=(15, 3.3 * len(collectives)),
                              squeeze=False)
     for (ax_bw, ax_t), collective in zip(axes, collectives, strict=True):
         mine = [r for r in rows if r["collective"] == collective]
         place = False if any(r["inplace"] is False for r in mine) else mine[0]["inplace"]
         mine = [r for r in mine if r["inplace"] is place]
-        for algorithm in dict.fromkeys(series(r) for r in mine):
+        names = list(dict.fromkeys(series(r) for r in mine))
+        color = colors(names)
+        for algorithm in names:
             line = [r for r in mine if series(r) == algorithm]
             x = [r["bytes"] for r in line]
-            style = ({"linestyle": "--", "color": "black"} if algorithm == "native" else
-                     {"linestyle": ":", "color": "black"} if algorithm == "native persistent"
-                     else {})
+            style = {"color": color[algorithm], "linestyle": LINESTYLES.get(algorithm, "-")}
             ax_bw.plot(x, [r["busbw_gbps"] for r in line], marker=".", label=algorithm, **style)
             ax_t.plot(x, [r["time_us"] for r in line], marker=".", label=algorithm, **style)
         title = f"{TITLES[collective]}, {placement(place)}, {meta.get('ranks')} ranks"
@@ -152,7 +178,8 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
             ax.xaxis.set_major_locator(LogLocator(base=4))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
             ax.grid(True, which="major", alpha=0.3)
-        ax_t.legend(fontsize=8)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      borderaxespad=0.0)
     fig.suptitle(f"mpidp collectives vs {meta.get('mpi_library_short', 'MPI')} "
                  f"({meta.get('dtype')}, {meta.get('cpu')})", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))

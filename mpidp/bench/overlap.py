@@ -155,33 +155,42 @@ def write_csv(s: dict, path: str) -> None:
                         f"{e['exposed_comm_ms']:.4f}", e.get("hidden_fraction", "")])
 
 
+MODE_COLORS = {"compute": "C7", "serial": "C0", "overlap": "C1", "overlap+thread": "C2"}
+
+
 def plot(s: dict, path: str) -> None:
     """Left: median step time per mode. Right: each bucket's all-reduce, launch to
-    completion, against the backward pass (one row per bucket, one colour per mode)."""
+    completion, against the backward pass (one row per bucket). One colour per mode in
+    both panels, each panel's key beside it, off the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     modes = list(s["modes"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    left.bar(modes, [s["modes"][m]["step_ms"] for m in modes], color="tab:gray")
+    spare = iter(f"C{i}" for i in (3, 4, 5, 6, 8, 9))
+    color = {m: MODE_COLORS.get(m) or next(spare, "black") for m in modes}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 3.8))
+    for mode in modes:
+        left.bar(mode, s["modes"][mode]["step_ms"], color=color[mode], label=mode)
     left.set_ylabel("median step (ms)")
     left.set_title(f"{s['ranks']} ranks, step time")
     left.tick_params(axis="x", rotation=20)
-    for i, mode in enumerate(m for m in modes if "buckets" in s["modes"][m]):
+    bucketed = [m for m in modes if "buckets" in s["modes"][m]]
+    for i, mode in enumerate(bucketed):
         e = s["modes"][mode]
         for b in e["buckets"]:
             y = b["bucket"] + 0.25 * i
-            right.plot([b["launch_ms"], b["complete_ms"]], [y, y], lw=4, color=f"C{i}",
+            right.plot([b["launch_ms"], b["complete_ms"]], [y, y], lw=4, color=color[mode],
                        label=mode if b["bucket"] == 0 else None)
-        right.axvline(e["backward_ms"], color=f"C{i}", ls=":", lw=1)
+        right.axvline(e["backward_ms"], color=color[mode], ls=":", lw=1)
     right.set_xlabel("ms after backward starts (dotted: backward ends)")
     right.set_ylabel("bucket")
     right.set_yticks(range(max((len(s["modes"][m].get("buckets", [])) for m in modes),
                                default=0)))
     right.set_title("bucket all-reduce: launch to completion")
-    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
