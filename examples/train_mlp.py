@@ -10,7 +10,7 @@ The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
 the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
 
-A bad flag or MPIDP_TIMEOUT, an output path rank 0 cannot write, an existing
+A bad flag or MPIDP_* variable, an output path rank 0 cannot write, an existing
 --checkpoint without --resume or --overwrite, or a checkpoint that cannot be
 resumed: rank 0 says so in one line and every rank exits with code 2, before
 any training. After that, an exception on any rank ends the whole job, and so
@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidp
-from mpidp import cli, watchdog
+from mpidp import cli, config, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
 from mpidp.training.checkpoint import CheckpointError
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     try:  # the same argv and environment on every rank: all return 2 together
         args = parse_args(argv)
-        watchdog.timeout_from_env()  # a bad MPIDP_TIMEOUT is a usage error too
+        config.check()  # a bad MPIDP_* variable (MPIDP_TIMEOUT, ...) is a usage error too
     except (cli.UsageError, ValueError) as e:
         return cli.usage_error(PROG, e)
     # From here on every collective is under a deadline (MPIDP_TIMEOUT, or the default
