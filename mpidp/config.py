@@ -1,27 +1,16 @@
 """The ``MPIDP_*`` environment variables: each one's values, read and checked in one place.
 
-=====================  ==========================================  =========================
-variable               values                                      unset or empty
-=====================  ==========================================  =========================
-``MPIDP_DEBUG``        on: 1, true, yes, on; off: 0, false, no,    off
-                       off (any case)
-``MPIDP_TIMEOUT``      seconds, a finite number > 0                no deadline
-``MPIDP_COST``         ``default``, or ``alpha,beta,gamma`` with   calibrate (collective)
-                       optional ``,fixed`` and ``,beta_inter``
-                       (finite numbers >= 0)
-``MPIDP_STAGING``      1 (stage every buffer), 0 (never)           auto (device buffers,
-                                                                   where MPI is not
-                                                                   CUDA-aware)
-``MPIDP_CUDA_AWARE``   1 (MPI takes device pointers), 0 (it        ask the MPI library
-                       does not)
-=====================  ==========================================  =========================
+``VARIABLES`` names them all, each with the function that turns its text into a
+value (MPIDP_DEBUG: 1/true/yes/on or 0/false/no/off; MPIDP_TIMEOUT: seconds > 0;
+MPIDP_COST: "default" or 3 to 5 numbers; MPIDP_STAGING, MPIDP_CUDA_AWARE: 1 or 0).
+Unset and empty mean the same; surrounding spaces are ignored. The one table of
+their values and defaults is in docs/failures.md ("Environment variables").
 
-Surrounding spaces are ignored. Any other value is a `ConfigError` (a ``ValueError``)
-naming the variable, the value and the values it takes, raised where the variable
-is first used (each user reads its variable once, at first use, not at import: a
-bad value must not make ``import mpidp`` fail with a traceback). `check` reads
-them all at once: ``python -m mpidp`` and the trainers call it first, and turn a
-bad value into one line and exit code 2.
+Any other value is a `ConfigError` (a ``ValueError``) naming the variable, the
+value and the values it takes, raised where the variable is used: never at
+import, so that a bad value cannot make ``import mpidp`` fail with a traceback.
+`check` reads them all at once: ``python -m mpidp`` and the trainer call it
+first, and turn a bad value into one line and exit code 2.
 
 This module imports nothing from mpidp, so every layer may use it.
 """
@@ -53,7 +42,7 @@ def _flag(name: str, value: str) -> bool:
     raise _error(name, value, f"{', '.join(ON)} (on) or {', '.join(OFF)} or empty (off)")
 
 
-def seconds(name: str, value) -> float:
+def _seconds(name: str, value) -> float:
     """`value` as seconds: a finite number > 0, else ConfigError naming `name`."""
     try:
         s = float(value)
@@ -65,7 +54,7 @@ def seconds(name: str, value) -> float:
 
 
 def _timeout(name: str, value: str) -> float | None:
-    return seconds(name, value) if value.strip() else None
+    return _seconds(name, value) if value.strip() else None
 
 
 def _cost(name: str, value: str) -> str | tuple[float, ...] | None:

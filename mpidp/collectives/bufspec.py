@@ -276,10 +276,12 @@ def check_op(op, spec, view) -> None:
     if datatype is None:  # the buffer's own: mpi4py's datatype for its format
         group = _INFERRED.get(view.dtype.kind)
     else:
-        datatype = _resolve(datatype, "datatype")
         if not _group_of:
             _group_of.update({h: g for g, names in GROUPS.items() for h in _handles(names)})
-        group = _group_of.get(datatype.handle)
+        group = _group_of.get(datatype.handle) if isinstance(datatype, MPI.Datatype) else None
+        if group is None:  # a type code, a duplicate, or in no group: resolve it (MPI calls)
+            datatype = _resolve(datatype, "datatype")
+            group = _group_of.get(datatype.handle)
     if group not in ops.DEFINED_ON[name]:
         label = (f"MPI datatype {datatype.Get_name()}" if datatype is not None else
                  f"a {view.dtype} buffer (MPI.CHAR)" if view.dtype.kind == "S" else
