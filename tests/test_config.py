@@ -157,3 +157,19 @@ def test_the_launcher_says_every_bad_variable_in_one_line_and_exits_2(tmp_path):
     for name in ("MPIDP_DEBUG", "MPIDP_COST", "MPIDP_STAGING"):
         assert f"{name}=" in lines[0] and BAD[name][1] in lines[0], lines
     assert not marker.exists() and out.stdout == ""
+
+
+def test_across_ranks_one_line_on_rank_0_and_every_rank_exits_2(mpiexec):
+    """Under mpiexec the same environment reaches every rank: all find the problem, rank
+    0 alone says it, nobody waits for anybody (3 ranks: not a power of two)."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("MPIDP_", "PMI_", "HYDRA_", "PYTEST_ISOLATE_MPI"))}
+    out = subprocess.run([*mpiexec, "-n", "3", sys.executable, "-m", "mpidp", "-c", "print(1)"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**clean, "MPIDP_DEBUG": "maybe"})
+    assert out.returncode == 2 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
+    # (Open MPI's launcher adds its own lines about a rank's exit code: not ours)
+    ours = [line for line in out.stderr.splitlines() if line.startswith("mpidp")]
+    assert ours == [f"mpidp: error: MPIDP_DEBUG='maybe': expected {BAD['MPIDP_DEBUG'][1]}"], \
+        out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
