@@ -10,7 +10,7 @@ The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
 the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
 
-A bad flag or MPIDP_TIMEOUT, an output path rank 0 cannot write (or two of
+A bad flag or MPIDP_* variable, an output path rank 0 cannot write (or two of
 --metrics, --trace, --checkpoint naming one file: mpidp.training.outputs), an
 existing --checkpoint without --resume or --overwrite, or a checkpoint that
 cannot be resumed: rank 0 says so in one line and every rank exits with code 2,
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext

@@ -140,7 +140,7 @@ def no_debug_check():
 
     checks.set_debug(False)
     yield
-    checks.set_debug(os.environ.get("MPIDP_DEBUG", "") not in ("", "0"))
+    checks.set_debug(None)  # back to what MPIDP_DEBUG says
 
 
 @pytest.fixture

@@ -499,6 +499,42 @@ def test_a_delay_needs_netem():
     _clean()
 
 
+# ---------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("argv, says", [
+    (["up", "--hosts", "0"], "--hosts: must be >= 1"),
+    (["run", "--hosts", "-2", "--", "true"], "--hosts: must be >= 1"),
+    (["up", "--hosts", "251"], "--hosts: must be <= 250"),
+    (["up", "--hosts", "two"], "--hosts: invalid"),
+    (["up", "--subnet", "10.77.0/24"], "--subnet: '10.77.0/24' is not a subnet"),
+    (["up", "--subnet", "10.77.0.1/24"], "--subnet: '10.77.0.1/24' is not a subnet"),
+    (["up", "--subnet", "8.8.8.0/24"], "--subnet: 8.8.8.0/24 is not a private subnet"),
+    (["bench", "--hosts", "7", "--subnet", "10.77.0.0/29"], "7 hosts do not fit in 10.77.0.0/29"),
+    (["bench", "--ppn", "0"], "--ppn: must be >= 1"),
+    (["bench", "--iters", "0"], "--iters: must be >= 1"),
+    (["run", "-n", "0", "--", "true"], "--np: must be >= 1"),
+    (["run", "-n", "5", "--ppn", "2", "--", "true"], "5 ranks do not fit on 2 hosts x 2"),
+    (["run", "--timeout", "0", "--", "true"], "--timeout: must be > 0"),
+    (["run", "--rate", "fast", "--", "true"], "--rate: 'fast'"),
+    (["up", "--delay", "soon"], "--delay: 'soon'"),
+])
+def test_a_bad_flag_is_a_usage_error_before_anything_is_built(argv, says, monkeypatch, capsys):
+    """argparse's error (exit 2, one line after the usage), and no cluster is ever made:
+    as root, a flag checked too late would build the namespaces first."""
+    from mpidp.cluster import __main__ as cli
+
+    def built(*args, **kwargs):
+        raise AssertionError(f"{argv}: a Cluster was made")
+
+    monkeypatch.setattr(cli, "Cluster", built)
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2, err
+    assert says in err and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("python -m mpidp.cluster"), err
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         rank_collectives()

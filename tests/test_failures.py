@@ -431,6 +431,21 @@ def test_a_bad_mpidp_timeout_is_a_clear_error(value, monkeypatch, capsys):
     assert watchdog.timeout_from_env() == 2.5
 
 
+@pytest.mark.parametrize("name, value", [("MPIDP_DEBUG", "maybe"), ("MPIDP_COST", "abc"),
+                                         ("MPIDP_STAGING", "2")])
+def test_any_bad_mpidp_variable_is_a_usage_error_of_the_trainer(name, value, monkeypatch,
+                                                               capsys, tmp_path):
+    """Not only MPIDP_TIMEOUT: every variable config reads (MPIDP_DEBUG=maybe used to
+    turn the check on; MPIDP_COST=abc failed after start-up, not naming the variable)."""
+    monkeypatch.setenv(name, value)
+    metrics = tmp_path / "m.jsonl"
+    assert trainer().main([*SMALL, "--metrics", str(metrics)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"train_mlp.py: error: {name}={value!r}: expected ") and \
+        len(err.splitlines()) == 1, err
+    assert not metrics.exists()
+
+
 @pytest.mark.parametrize("flag, n", [("--metrics", 2), ("--trace", 3), ("--checkpoint", 4)])
 def test_an_unwritable_output_path_ends_every_rank_at_once(tmp_path, flag, n):
     """The issue's hang: rank 0 failed to open --metrics outside any deadline."""

@@ -8,7 +8,10 @@ every rank.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -101,6 +104,75 @@ def _rate_bps(rate: str | None) -> float | None:
 
 
 # ---------------------------------------------------------------- command line
+# Every flag is checked as it is parsed (argparse's error: exit 2), so that nothing is
+# built, as root, for a command that was never going to run.
+
+MAX_HOSTS = 250  # one /24: addresses .1 to .250, as `Cluster` assigns them
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)  # a ValueError here: argparse says "invalid _count value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+_count.__name__ = "int"
+
+
+def _hosts(text: str) -> int:
+    value = _count(text)
+    if value > MAX_HOSTS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_HOSTS}, got {text}")
+    return value
+
+
+_hosts.__name__ = "int"
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
+_seconds.__name__ = "float"
+
+
+def _subnet(text: str) -> str:
+    """An argparse type: a private network address with its prefix, such as 10.77.0.0/24."""
+    try:
+        net = ipaddress.ip_network(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a subnet (a network address and a prefix length, such as "
+            f"{SUBNET})") from None
+    if not net.is_private:
+        raise argparse.ArgumentTypeError(f"{text} is not a private subnet; our traffic must "
+                                         "stay off addresses others may use")
+    return text
+
+
+def _rate(text: str) -> str:
+    """An argparse type: "none", or a rate in tc units that `_rate_bps` reads too."""
+    if text != "none":
+        try:
+            _rate_bps(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number with gbit, mbit, "
+                                             "kbit or bit (such as 1gbit), or none") from None
+    return text
+
+
+def _delay(text: str) -> str:
+    """An argparse type: "none", or a time in tc units (s, ms, us)."""
+    if text != "none" and not re.fullmatch(r"\d+(\.\d*)?(s|ms|us)", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a time such as 0.1ms, 50us "
+                                         "or 1s, or none")
+    return text
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpidp.cluster",
@@ -108,25 +180,27 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def shape(q):
-        q.add_argument("--hosts", type=int, default=2, help="emulated hosts (default 2)")
-        q.add_argument("--rate", default="1gbit", help="link rate, tc units; 'none' for no limit")
-        q.add_argument("--delay", default="none",
+        q.add_argument("--hosts", type=_hosts, default=2,
+                       help=f"emulated hosts, 1 to {MAX_HOSTS} (default 2)")
+        q.add_argument("--rate", type=_rate, default="1gbit",
+                       help="link rate, tc units; 'none' for no limit")
+        q.add_argument("--delay", type=_delay, default="none",
                        help="one-way delay, e.g. 0.1ms (needs netem); default none")
-        q.add_argument("--subnet", default=SUBNET)
+        q.add_argument("--subnet", type=_subnet, default=SUBNET)
 
     run = sub.add_parser("run", help="build, run a command across the hosts, tear down")
     shape(run)
-    run.add_argument("-n", "--np", type=int, help="ranks (default: one per host)")
-    run.add_argument("--ppn", type=int, help="ranks per host")
+    run.add_argument("-n", "--np", type=_count, help="ranks (default: one per host)")
+    run.add_argument("--ppn", type=_count, help="ranks per host")
     run.add_argument("--nolocal", action="store_true",
                      help="no shared memory even between ranks of one host (MPIR_CVAR_NOLOCAL=1)")
-    run.add_argument("--timeout", type=float, help="kill the job after this many seconds")
+    run.add_argument("--timeout", type=_seconds, help="kill the job after this many seconds")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
     bench = sub.add_parser("bench", help="all-reduce busbw across the hosts, mpidp vs native")
     shape(bench)
-    bench.add_argument("--ppn", type=int, default=1, help="ranks per host")
+    bench.add_argument("--ppn", type=_count, default=1, help="ranks per host")
     bench.add_argument("--sizes", default="0.25,1,4,16", help="MiB, comma-separated")
-    bench.add_argument("--iters", type=int, default=3)
+    bench.add_argument("--iters", type=_count, default=3)
     bench.add_argument("--algorithms", default="", help="all-reduce algorithms, "
                        "comma-separated (default: all of mpidp's)")
     rank = sub.add_parser("bench-rank", help=argparse.SUPPRESS)
@@ -140,6 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--force", action="store_true",
                       help="even while a job holds the cluster (that job is killed)")
     sub.add_parser("status", help="list our namespaces and links")
+    p.commands = {"run": run, "bench": bench, "up": up}  # for errors found after parsing
     return p
 
 
@@ -179,7 +254,16 @@ def _down(force: bool) -> int:
 
 
 def main(args: list[str] | None = None) -> int:
-    a = _parser().parse_args(args)
+    p = _parser()
+    a = p.parse_args(args)
+    if a.cmd in ("run", "bench", "up"):
+        room = ipaddress.ip_network(a.subnet).num_addresses - 2  # less network and broadcast
+        if a.hosts > room:
+            p.commands[a.cmd].error(
+                f"{a.hosts} hosts do not fit in {a.subnet} ({room} addresses)")
+        if a.cmd == "run" and a.np and a.ppn and a.np > a.hosts * a.ppn:
+            p.commands[a.cmd].error(f"{a.np} ranks do not fit on {a.hosts} hosts x "
+                                    f"{a.ppn} per host")
     if a.cmd == "bench-rank":  # an MPI rank: an exception on one ends the job
         from .. import watchdog
 

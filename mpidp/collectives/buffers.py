@@ -23,13 +23,14 @@ GPU arrays and MPI:
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
+
+from .. import config
 
 
 def array_module(arr):
@@ -74,16 +75,16 @@ def cuda_aware() -> bool:
     """Can the MPI library take device pointers? Detected once per process."""
     global _cuda_aware
     if _cuda_aware is None:
-        _cuda_aware = _detect_cuda_aware(os.environ.get("MPIDP_CUDA_AWARE"), _mpi_library())
+        told = config.get("MPIDP_CUDA_AWARE")  # True, False, or None: ask the library
+        _cuda_aware = told if told is not None else _detect_cuda_aware(None, _mpi_library())
     return _cuda_aware
 
 
 def _detect_cuda_aware(override: str | None, library: str | None) -> bool:
     """The override if set ("0"/"1"), else ask the MPI library; False if it cannot say."""
-    if override not in (None, ""):
-        if override not in ("0", "1"):
-            raise ValueError(f"MPIDP_CUDA_AWARE must be 0 or 1, not {override!r}")
-        return override == "1"
+    told = config.parse("MPIDP_CUDA_AWARE", override or "")
+    if told is not None:
+        return told
     if library is None:
         return False
     try:
@@ -112,26 +113,23 @@ def _mpi_library() -> str | None:
 
 # ---------------------------------------------------------------- host staging
 
-_STAGING_MODES = {"1": "all", "0": "off", "": "auto"}
-_staging = os.environ.get("MPIDP_STAGING", "")  # read once: os.environ costs ~1 µs a call
+_staging: str | None = None  # MPIDP_STAGING's mode, read at first use: environ costs ~1 µs
 
 
 def staging_mode() -> str:
     """'all' (MPIDP_STAGING=1), 'off' (MPIDP_STAGING=0) or 'auto' (device arrays,
-    where MPI is not CUDA-aware). The variable is read at import; `set_staging`
-    changes the mode at run time."""
-    try:
-        return _STAGING_MODES[_staging]
-    except KeyError:
-        raise ValueError(f"MPIDP_STAGING must be 0, 1 or unset, not {_staging!r}") from None
+    where MPI is not CUDA-aware). The variable is read at the first use, then kept;
+    `set_staging` changes the mode at run time."""
+    global _staging
+    if _staging is None:
+        _staging = config.get("MPIDP_STAGING")
+    return _staging
 
 
 def set_staging(value: str) -> None:
     """Set the staging mode as MPIDP_STAGING would: "1", "0" or "" (auto)."""
     global _staging
-    if value not in _STAGING_MODES:
-        raise ValueError(f"staging must be '1', '0' or '', not {value!r}")
-    _staging = value
+    _staging = config.parse("MPIDP_STAGING", value)
 
 
 def needs_staging(arr, mode: str) -> bool:

@@ -10,7 +10,8 @@ program, which MPI libraries do not detect. mpidp guards against it twice:
 - always: a signature of the call is folded into its tags (`state.signature`),
   so mismatched calls cannot exchange data; they stall until a deadline ends
   them, instead of returning a wrong answer;
-- with ``MPIDP_DEBUG=1`` in the environment (or ``debug=True`` per call or per
+- with ``MPIDP_DEBUG=1`` (or true, yes, on; `mpidp.config`) in the environment (or
+  ``debug=True`` per call or per
   `mpidp.Comm`), `agree` first compares every rank's description of the call,
   in full, and every rank raises the same ``ValueError`` naming each rank's
   values. It costs one small all-gather per collective (two where they differ).
@@ -19,28 +20,39 @@ program, which MPI libraries do not detect. mpidp guards against it twice:
 from __future__ import annotations
 
 import hashlib
-import os
 
 import numpy as np
 
+from .. import config
 from .blocks import Blocks
 from .buffers import array_module
 from .ops import Op
 from .ring import ring_allgather
 from .schedule import run
 
-_DEBUG = os.environ.get("MPIDP_DEBUG", "") not in ("", "0")  # read once: environ costs ~1 µs
+# MPIDP_DEBUG, read at the first collective, not at import (a bad value is an error, and
+# `import mpidp` must not fail on it); then kept: os.environ costs ~1 µs a call
+_DEBUG: bool | None = None
 
 
 def debug_enabled(asked: bool = False) -> bool:
-    """Run the agreement check? ``MPIDP_DEBUG=1`` turns it on whatever the call says."""
-    return asked or _DEBUG
+    """Run the agreement check? ``MPIDP_DEBUG=1`` turns it on whatever the call says.
 
-
-def set_debug(on: bool) -> None:
-    """Turn the environment's check on or off for this process (tests that count bytes)."""
+    ConfigError (a ValueError naming the variable) if MPIDP_DEBUG holds another value.
+    """
     global _DEBUG
-    _DEBUG = bool(on)
+    if asked:
+        return True
+    if _DEBUG is None:
+        _DEBUG = config.get("MPIDP_DEBUG")
+    return _DEBUG
+
+
+def set_debug(on: bool | None) -> None:
+    """Turn the environment's check on or off for this process (tests that count bytes);
+    None: as MPIDP_DEBUG says (read again at the next collective)."""
+    global _DEBUG
+    _DEBUG = None if on is None else bool(on)
 
 
 def check_buffer(arr, what: str, writable: bool = False) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 
 from mpi4py import MPI
 
+from .. import config
+
 
 def check_timeout(value, name: str = "timeout") -> float:
     """`value` as seconds: a finite number > 0, or ValueError saying what is wrong."""
@@ -35,12 +37,12 @@ def check_timeout(value, name: str = "timeout") -> float:
 
 
 def timeout_from_env(default: float | None = None) -> float | None:
-    """Seconds from ``MPIDP_TIMEOUT``, or `default` when it is unset or empty.
+    """Seconds from ``MPIDP_TIMEOUT`` (read now), or `default` when it is unset or empty.
 
-    ValueError if it is set to anything but a finite number > 0.
+    ConfigError (a ValueError) if it is set to anything but a finite number > 0.
     """
-    value = os.environ.get("MPIDP_TIMEOUT", "")
-    return check_timeout(value, "MPIDP_TIMEOUT") if value.strip() else default
+    seconds = config.get("MPIDP_TIMEOUT")
+    return default if seconds is None else seconds
 
 
 _UNSET = object()

@@ -59,13 +59,13 @@ communication operations in MPICH", IJHPCA 2005, section 3.
 
 from __future__ import annotations
 
-import os
 import time
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import config
 from . import topology
 from .blocks import Blocks
 from .halving import recursive_doubling_allreduce
@@ -182,11 +182,11 @@ def model(comm) -> Model:
     """The comm's model: known, or from ``MPIDP_COST``, or calibrated now (collective)."""
     m = state(comm).model
     if m is None:
-        env = os.environ.get("MPIDP_COST", "").strip()
+        env = config.get("MPIDP_COST")  # None, "default" or 3 to 5 numbers
         if env == "default":
             m = DEFAULT
         elif env:
-            m = Model(*(float(x) for x in env.split(",")))
+            m = Model(*env)
         else:
             m = calibrate(comm)
             hosts = topology.placement(comm)

@@ -12,7 +12,7 @@ import operator
 
 from . import api
 from .api import IN_PLACE
-from .bufspec import check_match, in_place, simple, vector
+from .bufspec import check_match, check_op, in_place, simple, vector
 
 
 def allreduce(call, c, sendbuf, recvbuf, op, algorithm):
@@ -22,6 +22,7 @@ def allreduce(call, c, sendbuf, recvbuf, op, algorithm):
     if not in_place(sendbuf):
         send, scount = simple(sendbuf, "sendbuf")
         check_match(send, scount, recv, count)
+    check_op(op, recvbuf, recv)
     return c._plan(call, api.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
 
 
@@ -35,6 +36,7 @@ def reduce_scatter_block(call, c, sendbuf, recvbuf, op, algorithm):
         recv, count = simple(recvbuf, "recvbuf", writable=True)
         send, scount = simple(sendbuf, "sendbuf", blocks=n)
         check_match(send, scount, recv, count)
+    check_op(op, recvbuf, recv)
     return c._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                       op=op)
 
@@ -50,8 +52,9 @@ def reduce_scatter(call, c, sendbuf, recvbuf, recvcounts, op, algorithm):
     else:
         send, total = simple(sendbuf, "sendbuf")
         check_match(send, None, recv, None)  # the datatypes; the counts differ here
-        if recvcounts is None:  # as mpi4py: every rank's recvbuf count, gathered
-            recvcounts = c._gather_counts(count)
+    check_op(op, recvbuf, recv)  # before the gather below: refused before any message
+    if send is not IN_PLACE and recvcounts is None:  # as mpi4py: every rank's count, gathered
+        recvcounts = c._gather_counts(count)
     recvcounts = [operator.index(c) for c in recvcounts]
     if len(recvcounts) != n:
         raise ValueError(f"expecting {n} recvcounts, got {len(recvcounts)}")

@@ -29,7 +29,7 @@ from contextlib import nullcontext
 
 from mpi4py import MPI
 
-from .. import ALGORITHMS, cli, watchdog
+from .. import ALGORITHMS, cli, config, watchdog
 from . import checkpoint, outputs
 from .checkpoint import CheckpointError
 from .ddp import DataParallel
@@ -194,14 +194,14 @@ def blas_threads(n: int):
 def main(prog: str, parse_args: Callable, train: Callable) -> Callable:
     """A trainer's ``main(argv=None) -> exit code``: `parse_args`, then `train(args, comm, dog)`.
 
-    A usage error (a bad flag, a bad MPIDP_TIMEOUT) is exit code 2 on every rank; then
+    A usage error (a bad flag, a bad MPIDP_* variable) is exit code 2 on every rank; then
     every collective runs under a deadline, and an exception on one rank ends the job.
     """
     def run(argv=None) -> int:
         comm = MPI.COMM_WORLD
         try:  # the same argv and environment on every rank: all return 2 together
             args = parse_args(argv)
-            watchdog.timeout_from_env()  # a bad MPIDP_TIMEOUT is a usage error too
+            config.check()  # a bad MPIDP_* variable (MPIDP_TIMEOUT, ...) is a usage error too
         except (cli.UsageError, ValueError) as e:
             return cli.usage_error(prog, e)
         with watchdog.guard("auto", "training") as dog, blas_threads(args.blas_threads):

@@ -1,0 +1,266 @@
+"""mpidp.Comm's reductions over the whole table of predefined datatypes x operations.
+
+The MPI standard (MPI-4.1, section 6.9.2) says which predefined operation is defined
+on which datatypes; a call outside that table is erroneous, and MPICH and Open MPI
+refuse most such calls with ``MPI.Exception`` (``MPI.ERR_OP``). The oracle is the MPI
+library: every datatype mpi4py names, each with every predefined op, runs on
+``MPI.COMM_WORLD`` and on ``mpidp.Comm`` with the same bytes; mpidp must give the same
+result, or raise ``MPI.Exception`` with the same error class. Where the library
+computes a pair the standard does not allow, mpidp follows the standard and refuses
+it: those places are the table in docs/dropin.md ("Datatypes and operations"),
+read here, and the places observed must be exactly the ones listed there, no more and
+no fewer. mpidp computes no pair types (``MPI.DOUBLE_INT``) and no ``WCHAR`` or
+Fortran quad precision (``REAL16``, ``COMPLEX32``): ``NotImplementedError`` there.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OPS = ("MAX", "MIN", "SUM", "PROD", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+       "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
+# what mpidp reads as no NumPy dtype: wide characters, Fortran quad precision (NumPy's
+# float128 is x87 extended precision), and the pair types of MAXLOC and MINLOC
+NOT_COMPUTED = ("WCHAR", "REAL16", "COMPLEX32", "DOUBLE_INT", "FLOAT_INT", "LONG_DOUBLE_INT",
+                "LONG_INT", "SHORT_INT", "TWOINT", "TWOINTEGER", "TWOREAL",
+                "TWODOUBLE_PRECISION")
+COUNT = 5
+LIBRARY = "Open MPI" if "Open MPI" in MPI.Get_library_version() else "MPICH"
+
+
+def datatypes() -> list[tuple[str, MPI.Datatype]]:
+    """Every predefined datatype this mpi4py names, once each (an alias under the name
+    the library gives it, else its shortest), without the null and zero-size ones."""
+    found: list[tuple[list[str], MPI.Datatype]] = []
+    for name in sorted(dir(MPI)):
+        t = getattr(MPI, name)
+        if not isinstance(t, MPI.Datatype) or t == MPI.DATATYPE_NULL or t.Get_size() == 0:
+            continue
+        for names, u in found:
+            if u == t:
+                names.append(name)
+                break
+        else:
+            found.append(([name], t))
+    chosen = []
+    for names, t in found:
+        own = t.Get_name().removeprefix("MPI_")
+        chosen.append((own if own in names else min(names, key=len), t))
+    return sorted(chosen)
+
+
+def deviations(header: str = "| library | datatypes | ops it computes that") -> set:
+    """(datatype, op) pairs docs/dropin.md says this library computes and the standard
+    does not allow (with another `header`: the pairs of that table)."""
+    text = (ROOT / "docs" / "dropin.md").read_text()
+    table = text[text.index(header):]
+    table = table[: table.index("\n\n")]
+    pairs = set()
+    for row in re.findall(r"^\| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", table, re.M):
+        library, types, ops = row
+        if library.startswith(LIBRARY):
+            pairs |= {(t, o) for t in re.findall(r"`(\w+)`", types)
+                      for o in re.findall(r"`(\w+)`", ops)}
+    return pairs
+
+
+def values(dtype: np.dtype, op: str, rank: int, seed: int) -> np.ndarray:
+    """Small values that every op reduces exactly, in any order, on up to 3 ranks."""
+    rng = np.random.default_rng([seed, rank])
+    if op in ("LAND", "LOR", "LXOR") or dtype.kind == "b":
+        v = rng.integers(0, 2, COUNT)  # 0 and 1: true and false in C and Fortran alike
+    elif op in ("BAND", "BOR", "BXOR"):
+        v = rng.integers(0, 128, COUNT)
+    elif op == "PROD":
+        v = rng.choice([1, 2] if dtype.kind in "uS" else [1, -1, 2], COUNT)
+    else:
+        v = rng.integers(0 if dtype.kind in "uS" else -8, 9, COUNT)
+    if dtype.kind == "S":
+        return v.astype(np.uint8).view(dtype)
+    if dtype.kind == "c":
+        v = v + 1j * (rng.choice([0, 1], COUNT) if op == "PROD" else rng.integers(-3, 4, COUNT))
+    return v.astype(dtype)
+
+
+def mapped(t: MPI.Datatype) -> np.dtype | None:
+    """The NumPy dtype mpidp reads `t` as, or None where it reads none."""
+    from mpidp.collectives import bufspec
+    try:
+        return bufspec._to_dtype(t, "buf")
+    except NotImplementedError:
+        return None
+
+
+def outcome(comm, t, dtype, op: str, seed: int, call=None):
+    """("ok", the result's values) or ("error", the exception) of one all-reduce (of
+    `values`; unread datatypes: zero bytes)."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    extent = dtype.itemsize if t is None else t.Get_extent()[1]
+    send = np.zeros(COUNT * extent, np.uint8)
+    if dtype is not None:
+        send.view(dtype)[:] = values(dtype, op, rank, seed)
+    recv = np.full(COUNT * extent, 77, np.uint8)
+    try:
+        if t is None:  # a plain array: mpi4py infers the datatype from its format
+            got = np.zeros(COUNT, dtype)
+            (call or comm.Allreduce)(send.view(dtype), got, op=getattr(MPI, op))
+            return "ok", got
+        (call or comm.Allreduce)([send, COUNT, t], [recv, COUNT, t], op=getattr(MPI, op))
+    except Exception as e:  # compared with the library's
+        return "error", e
+    return "ok", recv if dtype is None else recv.view(dtype)
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal values (long double compared by value: its 6 padding bytes are anything)."""
+    return a.dtype == b.dtype and np.array_equal(a, b)
+
+
+WRONG = "| library | datatypes | ops where it computes another result |"
+
+
+def reduced(mine: np.ndarray, op: str) -> np.ndarray:
+    """The oracle where the library computes another result: NumPy's reduction of every
+    rank's input, in the datatype's own (signed) numbers. Collective."""
+    ufunc = {"MAX": np.maximum, "MIN": np.minimum, "SUM": np.add, "PROD": np.multiply}[op]
+    return ufunc.reduce(np.array(MPI.COMM_WORLD.allgather(mine)), axis=0)
+
+
+def compare(name: str, op: str, native, mine, seen: set, where: str, wrong: set = None,
+            sent=None) -> None:
+    """Assert mpidp's outcome against the library's; record a documented deviation."""
+    (n_how, n_what), (m_how, m_what) = native, mine
+    if n_how == m_how == "ok":
+        if wrong is not None and (name, op) in deviations(WRONG):  # every rank alike
+            want = reduced(sent, op)
+            assert same(m_what, want), f"{where}: mpidp {m_what}, NumPy {want}"
+            if not same(n_what, want):
+                wrong.add((name, op))
+            return
+        assert same(m_what, n_what), f"{where}: mpidp {m_what}, {LIBRARY} {n_what}"
+        return
+    if m_how == "error" and isinstance(m_what, NotImplementedError):
+        assert name in NOT_COMPUTED, f"{where}: {m_what!r}"  # for every op, then
+        return
+    assert m_how == "error" and isinstance(m_what, MPI.Exception), \
+        f"{where}: {LIBRARY} {n_how} {n_what!r}, mpidp {m_how} {m_what!r}"
+    assert m_what.Get_error_class() == MPI.ERR_OP, f"{where}: {m_what!r}"
+    if n_how == "ok":  # the library computes it; mpidp follows the standard
+        seen.add((name, op))
+    else:
+        assert n_what.Get_error_class() == m_what.Get_error_class(), where
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=240)
+def test_every_datatype_with_every_op_matches_the_library_or_the_standard(mpi_ranks):
+    world = MPI.COMM_WORLD
+    comm = mpidp.Comm(world)
+    seen: set[tuple[str, str]] = set()
+    wrong: set[tuple[str, str]] = set()
+    computed = refused = 0
+    for i, (name, t) in enumerate(datatypes()):
+        dtype = mapped(t)
+        for j, op in enumerate(OPS):
+            native = outcome(world, t, dtype, op, i * 100 + j)
+            mine = outcome(comm, t, dtype, op, i * 100 + j)
+            sent = None if dtype is None else values(dtype, op, world.Get_rank(), i * 100 + j)
+            compare(name, op, native, mine, seen, f"rank {world.Get_rank()}: {name} x {op}",
+                    wrong, sent)
+            computed += mine[0] == "ok"
+            refused += mine[0] == "error"
+    unread = sorted(name for name, t in datatypes() if mapped(t) is None)
+    assert set(unread) <= set(NOT_COMPUTED) and "REAL16" in unread, unread
+    documented = deviations()
+    assert seen == documented, (f"{LIBRARY} computes, and mpidp refuses, "
+                                f"undocumented: {sorted(seen - documented)}; "
+                                f"documented but not seen: {sorted(documented - seen)}")
+    assert computed > 200 and refused > 400, (computed, refused)
+    if world.Get_size() > 1:  # one rank's MAX is its own value, right or not
+        assert wrong == deviations(WRONG), f"{LIBRARY} computes another result: {wrong}"
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+def test_plain_arrays_follow_the_same_table(mpi_ranks):
+    """No datatype given: mpi4py infers it from the array (bool: C_BOOL, S1: CHAR)."""
+    world = MPI.COMM_WORLD
+    comm = mpidp.Comm(world)
+    seen: set[tuple[str, str]] = set()
+    for i, code in enumerate("?bBhHiIlLqQefdgFDG" + "c"):
+        dtype = np.dtype(code)
+        name = "CHAR" if dtype.kind == "S" else f"{dtype} array"
+        for j, op in enumerate(OPS[:10]):
+            native = outcome(world, None, dtype, op, i * 100 + j)
+            mine = outcome(comm, None, dtype, op, i * 100 + j)
+            compare(name, op, native, mine, seen, f"{dtype} array x {op}")
+    assert seen == {p for p in deviations() if p[0] == "CHAR"}, seen
+
+
+REFUSED = [("BYTE", "SUM"), ("PACKED", "BOR"), ("C_BOOL", "BAND"), ("CHAR", "SUM"),
+           ("INTEGER", "LAND"), ("DOUBLE", "BXOR"), ("C_DOUBLE_COMPLEX", "MAX"),
+           ("INT", "MAXLOC"), ("FLOAT", "REPLACE"), ("AINT", "LOR")]
+ALLOWED = [("BYTE", "BAND"), ("C_BOOL", "LXOR"), ("LOGICAL", "LOR"), ("INTEGER", "BXOR"),
+           ("AINT", "SUM"), ("UNSIGNED_CHAR", "SUM"), ("C_FLOAT_COMPLEX", "PROD")]
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=120)
+def test_every_reduction_entry_point_checks_the_table(mpi_ranks):
+    """Allreduce's I-form and persistent form, Reduce_scatter_block and Reduce_scatter
+    (given and gathered counts), in place and not: refused before any message."""
+    world = MPI.COMM_WORLD
+    n = world.Get_size()
+    comm = mpidp.Comm(world)
+
+    def entry_points(c):
+        wait = lambda req: req.Wait()  # noqa: E731
+        return {
+            "Allreduce": c.Allreduce,
+            "Iallreduce": lambda s, r, op: wait(c.Iallreduce(s, r, op=op)),
+            "Allreduce_init": lambda s, r, op: _persistent(c.Allreduce_init(s, r, op=op)),
+            "in place": lambda s, r, op: c.Allreduce(MPI.IN_PLACE, r, op=op),
+            "Reduce_scatter_block": c.Reduce_scatter_block,  # sendbuf's count: per block
+            "Ireduce_scatter_block": lambda s, r, op: wait(c.Ireduce_scatter_block(s, r, op=op)),
+            "Reduce_scatter": lambda s, r, op: c.Reduce_scatter(
+                [s[0], s[1] * n, s[2]], r, [s[1]] * n, op=op),
+            "Reduce_scatter gathered": lambda s, r, op: c.Reduce_scatter(
+                [s[0], s[1] * n, s[2]], r, None, op=op),
+        }
+
+    for name, op in REFUSED + ALLOWED:
+        t = getattr(MPI, name)
+        dtype = mapped(t)
+        extent = t.Get_extent()[1]
+        for entry in entry_points(comm):
+            results = []
+            for c in (world, comm):
+                send = np.zeros(n * COUNT * extent, np.uint8)
+                send.view(dtype)[:] = np.tile(values(dtype, op, world.Get_rank(), 1), n)
+                recv = send.copy() if entry == "in place" else np.zeros(COUNT * extent, np.uint8)
+                try:
+                    entry_points(c)[entry]([send, COUNT, t], [recv, COUNT, t], getattr(MPI, op))
+                    results.append(("ok", recv[: COUNT * extent].view(dtype)))
+                except Exception as e:  # noqa: BLE001
+                    results.append(("error", e))
+            where = f"{entry}: {name} x {op}"
+            if (name, op) in REFUSED:
+                how, e = results[1]
+                assert how == "error" and isinstance(e, MPI.Exception) and \
+                    e.Get_error_class() == MPI.ERR_OP, f"{where}: {results[1]}"
+                assert f"MPI.{op}" in str(e) and "MPI-4.1" in str(e), f"{where}: {e}"
+            else:
+                assert results[0][0] == results[1][0] == "ok", f"{where}: {results}"
+                assert same(results[1][1], results[0][1]), f"{where}: {results}"
+    world.Barrier()
+
+
+def _persistent(request) -> None:
+    request.Start()
+    request.Wait()
+    request.Free()
