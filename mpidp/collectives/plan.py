@@ -65,13 +65,16 @@ class Call:
     A persistent call (``*_init``) keeps its slot and tag until it is freed.
     """
 
-    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent")
+    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent", "entry")
 
     def __init__(self, comm, tag: int | None, debug: bool, persistent: bool = False):
         self.comm, self.debug, self.persistent = comm, debug, persistent
         self.state: CommState = state(comm)
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
+        rec = self.state.flight  # the flight recorder's entry (mpidp.flight), or None
+        self.entry = None if rec is None else rec.add(
+            None if self.slot is None else self.state.started - 1)
         if persistent and self.slot is not None:
             try:
                 self.state.hold(self.slot)
@@ -103,14 +106,24 @@ class Call:
         if debug_enabled(self.debug):
             agree(self.comm, signed.collective, self.user_tag if self.slot is None
                   else self.state.tag(self.slot, 0, self.persistent), **signed.description)
-        if self.slot is None:
-            return self.user_tag
-        return self.state.tag(self.slot, signed.sig, self.persistent)
+        tag = self.user_tag if self.slot is None else self.state.tag(
+            self.slot, signed.sig, self.persistent)
+        if self.entry is not None:
+            self.entry.signed, self.entry.tag = signed, tag
+        return tag
 
     def end(self) -> None:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
+        if self.entry is not None and self.entry.state != "failed":
+            self.entry.state = "complete"
+
+    def failed(self, e: BaseException) -> None:
+        """Planning or running raised `e`: the slot goes back, the record says why."""
+        self.end()
+        if self.entry is not None:
+            self.entry.fail(e)
 
 
 class Plan:
@@ -145,10 +158,24 @@ class Plan:
         self.call.end()
 
     def start(self) -> Request:
-        return Request(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+        entry = self.call.entry
+        if entry is not None:
+            entry.state = "started"
+        request = Request(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+        if entry is not None:
+            entry.request = request  # read by a flight dump, for the round in flight
+        return request
 
     def run(self) -> None:
-        run(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+        entry = self.call.entry
+        if entry is not None:
+            entry.state = "started"
+        try:
+            run(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+        except BaseException as e:
+            if entry is not None:
+                entry.fail(e)
+            raise
 
 
 def no_rounds() -> Rounds:
@@ -173,8 +200,8 @@ def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: boo
     call = Call(comm, tag, debug, persistent)
     try:
         return body(call, *args, **kwargs)
-    except BaseException:
-        call.end()
+    except BaseException as e:
+        call.failed(e)
         raise
 
 
@@ -186,8 +213,8 @@ def planned(body):
         call = Call(comm, tag, debug, persistent)  # as in_sequence, one call less per collective
         try:
             return body(call, *args, **kwargs)
-        except BaseException:
-            call.end()
+        except BaseException as e:
+            call.failed(e)
             raise
 
     plan.__name__, plan.__doc__, plan.body = body.__name__, body.__doc__, body

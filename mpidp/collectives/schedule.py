@@ -139,7 +139,7 @@ class Request:
     """
 
     __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_stager", "_on_done",
-                 "_lock", "_active", "done", "rounds", "completed_at")
+                 "_lock", "_active", "done", "rounds", "completed_at", "_round")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
                  on_done: Callable[[], None] | None = None, stager: Stager | None = None):
@@ -152,6 +152,7 @@ class Request:
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
         self.completed_at: float | None = None  # time.perf_counter() when it completed
         self._active = True  # not yet reported complete by Test/Wait (MPI: not REQUEST_NULL)
+        self._round: Round | None = None  # the round posted last (read by a flight dump)
         with self._lock:
             self._advance()
 
@@ -162,7 +163,7 @@ class Request:
             self._finish = None
         round_ = next(self._rounds, None)
         if round_ is None:
-            self._reqs = []
+            self._reqs, self._round = [], None
             self.done = True
             self.completed_at = time.perf_counter()
             if self._on_done is not None:
@@ -175,6 +176,7 @@ class Request:
         fill = None
         if self._stager is not None:
             round_, fill, self._finish = self._stager(round_)
+        self._round = round_
         self._reqs = post(self._comm, round_, self._tag, fill)
 
     def test(self) -> bool:
