@@ -61,6 +61,7 @@ DEFAULT_DIR = "mpidp-flight"
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
+TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
 
 
 def keep() -> int:
@@ -81,10 +82,21 @@ class Entry:
 
     def __init__(self, seq, file: str, line: int, t: float):
         self.seq, self.file, self.line, self.t = seq, file, line, t
-        self.state, self.signed, self.tag, self.error, self.request = PLANNED, None, None, None, None
+        self.state, self.signed, self.tag = PLANNED, None, None
+        self.error = self.request = None
 
     def fail(self, e: BaseException) -> None:
+        """It raised `e`; a deadline's TimeoutError leaves it in flight: keep its request
+        (from the blocking driver's frame) for the dump to read the round it is stuck in."""
         self.state, self.error = FAILED, f"{type(e).__name__}: {e}"
+        if isinstance(e, TimeoutError):
+            self.state = TIMED_OUT
+            from .collectives import schedule
+            tb = e.__traceback__
+            while tb is not None and self.request is None:
+                if tb.tb_frame.f_code is schedule.run.__code__:
+                    self.request = tb.tb_frame.f_locals.get("request")
+                tb = tb.tb_next
 
 
 class Recorder:
@@ -243,7 +255,7 @@ def _entry(e: Entry, frames) -> dict:
                   for k, v in e.signed.description.items()})
     if e.error is not None:
         d["error"] = e.error
-    if e.state in (PLANNED, STARTED):
+    if e.state in (PLANNED, STARTED, TIMED_OUT):
         d.update(_live(e, frames))
     return d
 
@@ -258,8 +270,23 @@ def _stacks(frames: dict) -> list[dict]:
             for tid, frame in frames.items()]
 
 
-def record(reason: str) -> dict:
-    """This rank's record now, as the dump holds it."""
+def _exception(e: BaseException | None) -> dict | None:
+    if e is None:
+        return None
+    return {"type": type(e).__name__, "text": _str(e),
+            "stack": [{"file": s.filename, "line": s.lineno, "function": s.name,
+                       "code": s.line or ""} for s in traceback.extract_tb(e.__traceback__)]}
+
+
+def _str(e) -> str:
+    try:
+        return str(e)
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ fails
+        return "<str() failed>"
+
+
+def record(reason: str, error: BaseException | None = None) -> dict:
+    """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
     frames = sys._current_frames()
     world = MPI.COMM_WORLD
     comms = []
@@ -270,20 +297,22 @@ def record(reason: str) -> dict:
                       "calls": [_entry(e, frames.values()) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": world.Get_rank(), "size": world.Get_size(),
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
-            "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames)}
+            "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames),
+            "exception": _exception(error)}
 
 
 _dump_lock = threading.Lock()
 
 
-def dump(reason: str = "on demand", where: str | None = None) -> str:
+def dump(reason: str = "on demand", where: str | None = None,
+         error: BaseException | None = None) -> str:
     """Write this rank's record to ``<where or MPIDP_FLIGHT_DIR>/flight-rank-<r>.json``
     (atomically: a temporary file, then a rename); return its path. Never waits for
     another rank; a later dump replaces an earlier one."""
     where = where or folder()
     os.makedirs(where, exist_ok=True)
     with _dump_lock:
-        data = record(reason)
+        data = record(reason, error)
         path = os.path.join(where, f"flight-rank-{data['rank']}.json")
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

@@ -137,13 +137,16 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     os._exit(code)
 
 
+_raised: BaseException | None = None  # the exception ending the job, for the flight record
+
+
 def _flight_dump(message: str) -> str | None:
     """Write this rank's flight record, ask the ranks on this host for theirs; its path."""
     try:
         if flight.keep() == 0:
             return None
         flight.ending = True
-        path = flight.dump(message)
+        path = flight.dump(message, error=_raised)
         flight.ask_peers()
         return path
     except BaseException as e:  # noqa: BLE001 -- the job must still end
@@ -171,6 +174,8 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     else:
         code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
     _exit_later(code)  # before any printing: an exception's __str__ or stderr may block
+    global _raised
+    _raised = e
     if isinstance(e, SystemExit):
         if isinstance(e.code, int):
             abort(f"{what} exited with status {e.code}", code, comm)
