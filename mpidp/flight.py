@@ -150,6 +150,9 @@ def _copy(comm, keyval, parent: _Ident) -> _Ident:  # MPI calls it in Dup, on ev
     return child
 
 
+# another thread (SIGUSR1's) asks MPI about requests only where MPI allows it
+_MULTIPLE = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+_WORLD = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()  # a dump makes no MPI call
 _idkey = MPI.Comm.Create_keyval(copy_fn=_copy)
 MPI.COMM_WORLD.Set_attr(_idkey, _Ident("world"))
 MPI.COMM_SELF.Set_attr(_idkey, _Ident("self"))
@@ -207,7 +210,8 @@ def _round_of(request) -> dict:
     if request.done:
         return out
     round_ = getattr(request, "_round", None)
-    if not request._lock.acquire(timeout=0.2):  # a round's reduction in progress
+    if not (threading.current_thread() is threading.main_thread() or _MULTIPLE) or \
+            not request._lock.acquire(timeout=0.2):  # a round's reduction in progress
         out["pending"] = _peers_of(round_, None)
         return out
     try:
@@ -288,14 +292,13 @@ def _str(e) -> str:
 def record(reason: str, error: BaseException | None = None) -> dict:
     """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
     frames = sys._current_frames()
-    world = MPI.COMM_WORLD
     comms = []
     for r in list(_recorders):
         calls = list(r.calls)
         comms.append({"id": r.comm_id, "how": r.how, "size": r.size, "rank": r.rank,
                       "members": r.members,
                       "calls": [_entry(e, frames.values()) for e in calls]})
-    return {"version": 1, "job": job_id(), "rank": world.Get_rank(), "size": world.Get_size(),
+    return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
             "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames),
             "exception": _exception(error)}

@@ -77,6 +77,15 @@ def describe(call: dict) -> str:
     return f"{call.get('collective', '?')}({args})"
 
 
+def short(site: str | None) -> str:
+    """A call site relative to the working folder when it is under it."""
+    if not site:
+        return "?"
+    path, _, line = site.rpartition(":")
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return f"{path if rel.startswith('..') else rel}:{line}"
+
+
 def ranks_text(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
@@ -111,6 +120,8 @@ def _comms(records: dict[int, dict]) -> tuple[dict[str, Comm], list[str]]:
                                  f"{c['members']}, another rank {comm.members} (ids disagree)")
                 comm.members = comm.members or c["members"]
             comm.local[rank] = c.get("rank")
+            for k in c["calls"]:
+                k["site"] = short(k.get("site"))
             comm.calls[rank] = {k["seq"]: k for k in c["calls"] if k.get("seq") is not None}
     return comms, notes
 
@@ -127,7 +138,7 @@ def where(rec: dict) -> dict:
     user = [f for f in stack if not f["file"].startswith(_MPIDP) and "runpy" not in f["file"]
             and not f["file"].endswith(os.path.join("mpi4py", "run.py"))]
     top = user[-1] if user else stack[-1]
-    site = f"{top['file']}:{top['line']}"
+    site = short(f"{top['file']}:{top['line']}")
     inner = stack[stack.index(top) + 1:] if top in stack else []
     if any(os.sep + "collectives" + os.sep in f["file"] for f in inner):
         return {"kind": "collective", "site": site, "code": top["code"],
@@ -315,10 +326,10 @@ def _cause(d, comms, failed) -> dict:
         r = behind[0]
         if d["cycles"] and any(r in c for c in d["cycles"]) and kinds[r] == "collective":
             kind = "cycle"
-            text = (f"ranks wait for each other in collectives on different communicators "
-                    f"(cycle {' -> '.join(map(str, d['cycles'][0] + d['cycles'][0][:1]))}): "
-                    f"{ranks_text(waiting)} wait in {what}, {ranks_text(behind)} "
-                    f"{d['where'][r]['text']}: the ranks call collectives on these "
+            cyc = " -> ".join(map(str, d["cycles"][0] + d["cycles"][0][:1]))
+            text = (f"{ranks_text(behind)} never reached {what}, which {ranks_text(waiting)} "
+                    f"wait in: rank {r} is {d['where'][r]['text']}, and the ranks wait for "
+                    f"each other in a cycle ({cyc}): they call collectives on different "
                     "communicators in different orders")
         else:
             kind = {"collective": "other_collective", "p2p": "p2p"}.get(kinds[r], "computing")

@@ -8,19 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from . import Unreadable, diagnose, load, ranks_text
-
-
-def short(site: str | None) -> str:
-    """A call site relative to the working folder when it is under it."""
-    if not site:
-        return "?"
-    path, _, line = site.rpartition(":")
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
-    return f"{path if rel.startswith('..') else rel}:{line}"
+from . import Unreadable, diagnose, load, ranks_text, short
 
 
 def text(d: dict, folder: str) -> str:
@@ -53,8 +43,7 @@ def text(d: dict, folder: str) -> str:
                            f"{f['comm']}{rnd} ({f['state']}, called at {short(f['site'])})"
                            + (f", waiting: {pend}" if pend else ""))
         else:
-            site = w.get("site")
-            out.append(f"  rank {r}: {w['text'].replace(site, short(site)) if site else w['text']}")
+            out.append(f"  rank {r}: {w['text']}")
     if d["edges"]:
         out.append("  waits-for: " + "; ".join(f"{e['from']} -> {e['to']} ({e['label']})"
                                             for e in d["edges"]))
