@@ -120,10 +120,9 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
     dumped = _flight_dump(message)
     try:
         message += _departures(comm)
-        if dumped:
-            message += f"; flight record: {dumped}"
+        record = f" (flight record: {dumped})" if dumped else ""
         sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
-                         "aborting the job\n")
+                         f"aborting the job{record}\n")
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 -- nor a stderr that fails
         pass

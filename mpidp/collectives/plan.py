@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from .. import flight
+from ..flight import SIGNED, STARTED, STATE, TAG
 from .blocks import Blocks
 from .buffers import array_module, stager
 from .checks import agree, debug_enabled
@@ -109,21 +111,21 @@ class Call:
         tag = self.user_tag if self.slot is None else self.state.tag(
             self.slot, signed.sig, self.persistent)
         if self.entry is not None:
-            self.entry.signed, self.entry.tag = signed, tag
+            self.entry[SIGNED], self.entry[TAG] = signed, tag
         return tag
 
     def end(self) -> None:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None and self.entry.state != "failed":
-            self.entry.state = "complete"
+        if self.entry is not None:
+            self.entry[STATE] = flight.COMPLETE
 
     def failed(self, e: BaseException) -> None:
         """Planning or running raised `e`: the slot goes back, the record says why."""
         self.end()
         if self.entry is not None:
-            self.entry.fail(e)
+            flight.fail(self.entry, e)
 
 
 class Plan:
@@ -160,21 +162,21 @@ class Plan:
     def start(self) -> Request:
         entry = self.call.entry
         if entry is not None:
-            entry.state = "started"
+            entry[STATE] = STARTED
         request = Request(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
         if entry is not None:
-            entry.request = request  # read by a flight dump, for the round in flight
+            entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
         return request
 
     def run(self) -> None:
         entry = self.call.entry
         if entry is not None:
-            entry.state = "started"
+            entry[STATE] = STARTED
         try:
             run(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
         except BaseException as e:
             if entry is not None:
-                entry.fail(e)
+                flight.fail(entry, e)
             raise
 
 
