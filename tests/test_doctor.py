@@ -159,7 +159,12 @@ def ranks_named(line: str, ranks: list[int]) -> bool:
     return m is not None and [int(r) for r in m.group(1).split(",")] == ranks
 
 
-def test_the_skipped_call_names_the_ranks_that_wait_for_it(diagnosed):
+def test_the_skipped_call_names_the_ranks_that_wait_for_it(diagnosed, tmp_path, capsys):
+    from mpidp.doctor.__main__ import main
+
+    assert main([str(diagnosed["skip"][0]), "--plot", str(tmp_path / "g.png")]) == 0
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
     first = diagnosed["skip"][4].stdout.splitlines()[0]
     assert f"ranks 0, 1, 3 called allreduce at skip.py:{site_line('skip')} and wait in it" \
         in first, first
