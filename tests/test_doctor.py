@@ -94,11 +94,21 @@ def site_line(name: str) -> int:
 def diagnosed(tmp_path_factory):
     """Every scenario launched at once; name -> (its folder, the doctor's JSON and text)."""
     base = tmp_path_factory.mktemp("hangs")
+    out = {}
+    # the killed rank's job alone, after the others: run beside them it left no record
+    # at all in 3 of 5 tries here (why is not known: mpiexec's end taking them with it?)
+    batches = [[n for n in SCENARIOS if not SCENARIOS[n][2]],
+               [n for n in SCENARIOS if SCENARIOS[n][2] and not OPEN_MPI]]
+    for batch in batches:
+        out.update(_launch(base, batch))
+    return out
+
+
+def _launch(base, names: list[str]) -> dict:
     mpiexec = shutil.which("mpiexec")
     procs = {}
-    for name, (n, _, flags, *_) in SCENARIOS.items():
-        if OPEN_MPI and flags:
-            continue  # Hydra's flag; Open MPI's equivalent is not tried here
+    for name in names:
+        n, _, flags, *_ = SCENARIOS[name]
         (base / f"{name}.py").write_text(script_of(name))
         env = {**os.environ, "MPIDP_TIMEOUT": DEADLINE_S, "MPIDP_DEBUG": "0",
                "MPIDP_COST": "default", "MPIDP_FLIGHT_DIR": str(base / name)}

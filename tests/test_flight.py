@@ -49,7 +49,8 @@ def test_each_call_is_recorded_with_its_signature_site_and_state(shared_dir):
     assert rec["rank"] == MPI.COMM_WORLD.Get_rank() and rec["reason"] == "test"
     assert any(t["main"] and any(s["file"] == __file__ for s in t["stack"])
                for t in rec["threads"])
-    assert not [p for p in os.listdir(shared_dir) if p.endswith(".tmp")]  # renamed
+    mine = f"flight-rank-{rec['rank']}.json"
+    assert not [p for p in os.listdir(shared_dir) if p.startswith(mine + ".")]  # renamed
     comm.Free()
 
 
