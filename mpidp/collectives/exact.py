@@ -30,6 +30,9 @@ from .prerounding import exact_rounds, grid, scratch_for
 from .schedule import Request
 from .topology import locate
 
+# A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
+CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}
+
 
 def _check_parts(parts, out) -> list:
     check_buffer(out, "out", writable=True)
@@ -51,7 +54,7 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     Args:
         parts: this rank's addends, flat arrays of the vector's size.
         out: the result: the vector (all-reduce) or this rank's block (reduce-scatter).
-        algorithm: for the SUM pass (the MAX pass of a reduce-scatter takes "auto").
+        algorithm: for the SUM pass, and the MAX pass (a reduce-scatter's: `CODE_FOR`).
         addends: over all ranks, the same on every rank.
     """
     from . import api  # (api imports this module on its exact path)
@@ -62,10 +65,10 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     g = grid(out.dtype, addends)
 
     def setup() -> Setup:
-        code_name = api.choose(comm, "allreduce", count * g.code.itemsize,
-                               "auto" if rs else algorithm)
         collective = "reduce_scatter" if rs else "allreduce"
         word_name = api.choose(comm, collective, count * g.words * 8, algorithm)
+        code_name = (CODE_FOR[word_name] if rs else
+                     api.choose(comm, "allreduce", count * g.code.itemsize, algorithm))
         code_algo, code_scratch = api.ALLREDUCE[code_name]
         word_algo, word_scratch = (api.REDUCE_SCATTER if rs else api.ALLREDUCE)[word_name]
         word_blocks = (Blocks([c * g.words for c in blocks.counts]) if rs

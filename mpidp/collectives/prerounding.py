@@ -221,14 +221,20 @@ def from_words(w, code, kf, out, g: Grid, a, b) -> None:
     np.ldexp(t1, kf, out=out, signature=(np.float64, np.int64, np.float64))
 
 
-def finish(w, code, out, g: Grid, idx, average: bool) -> None:
-    """The fixed rules (nan, inf, -0.0), then the average."""
+def special_values(w, g: Grid, idx):
+    """The results of the special items `idx`, from their summed words (before
+    `from_words`, which reuses the words): nan, +inf or -inf."""
+    if g.words == 2:
+        plus, minus = w[2 * idx] > 0, w[2 * idx + 1] > 0
+    else:
+        plus, minus = np.fmod(w[idx], 1 << 24) > 0, w[idx] >= (1 << 24)
+    return np.where(plus & minus, np.nan, np.where(plus, np.inf, -np.inf))
+
+
+def finish(code, out, g: Grid, idx, values, average: bool) -> None:
+    """The fixed rules (nan, inf: `values` at `idx`; -0.0), then the average."""
     if idx.size:
-        if g.words == 2:
-            plus, minus = w[2 * idx] > 0, w[2 * idx + 1] > 0
-        else:
-            plus, minus = np.fmod(w[idx], 1 << 24) > 0, w[idx] >= (1 << 24)
-        out[idx] = np.where(plus & minus, np.nan, np.where(plus, np.inf, -np.inf))
+        out[idx] = values
     if g.addends:
         neg = np.flatnonzero(code == 0)  # only -0.0 and negative subnormals: zero iff all -0.0
         if neg.size:
@@ -306,9 +312,10 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
     span = slice(lo, hi)
     w, code, kf = w[lo * g.words : hi * g.words], code[span], kf[span]
     y = s.y[: hi - lo] if out.dtype != np.float64 else out
+    idx = idx[(idx >= lo) & (idx < hi)] - lo
+    values = special_values(w, g, idx) if idx.size else None
     with np.errstate(invalid="ignore", over="ignore"):
         from_words(w, code, kf, y, g, s.a[: hi - lo], s.b[: hi - lo])
         if y is not out:
             np.copyto(out, y, casting="unsafe")
-    idx = idx[(idx >= lo) & (idx < hi)] - lo
-    finish(w, code, out, g, idx, average)
+    finish(code, out, g, idx, values, average)
