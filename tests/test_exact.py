@@ -117,6 +117,13 @@ RULES = [  # addends, result ("nan", "+0", "-0" or a number)
     ([-0.0, 0.0], "+0"), ([1.0, -1.0], "+0"), ([-1.0, 1.0, -0.0], "+0"), ([0.0], "+0"),
     (["max", "max"], INF), (["-max", "-max", 1.0], -INF), (["max", "max", "-max"], "max"),
     (["-tiny", "tiny"], "+0"), (["-tiny", -0.0], "-tiny"),
+    # three addends and more take the grid: the same rules
+    ([NAN, 1.0, 2.0], "nan"), ([1.0, 2.0, -NAN, 3.0], "nan"), ([INF, -INF, 1.0], "nan"),
+    ([INF, 1.0, 2.0], INF), ([-INF, 1.0, -INF], -INF), ([-0.0, -0.0, -0.0], "-0"),
+    ([-0.0, 0.0, -0.0], "+0"), ([1.0, -1.0, -0.0], "+0"), ([-0.0, -0.0, -0.0, 0.0], "+0"),
+    (["max", "max", 1.0], INF), (["-max", "-max", "-max"], -INF),
+    (["max", "max", "-max", 0.0], "max"), (["-tiny", "tiny", -0.0], "+0"),
+    (["-tiny", -0.0, -0.0], "-tiny"),
 ]
 
 
