@@ -161,39 +161,60 @@ def _top16(x):
     return v[per - 1 :: per] if LITTLE else v[::per]
 
 
-def codes(x, out, tmp16, first: bool) -> None:
-    """out = (first ? code(x) : max(out, code(x))): the biased exponent, except that zero
-    and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and negative
-    subnormals, whose sum is zero only if all are -0.0)."""
-    np.copyto(tmp16, _top16(x))  # one strided read of x; the rest on 2 bytes an item
-    shift = 16 - (x.itemsize * 8 - np.finfo(x.dtype).nmant - 1)  # 16 - exponent bits
-    positive_small = tmp16 < (1 << (shift - 1))  # (a small temporary: 1 byte an item)
-    np.left_shift(tmp16, 1, out=tmp16)  # drop the sign
-    np.right_shift(tmp16, shift, out=tmp16)
-    np.bitwise_or(tmp16, positive_small, out=tmp16)
+@cache
+def code_table(name: str, code: str) -> np.ndarray:
+    """The code of every value of an item's 16 high bits: the biased exponent, except that
+    zero and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and
+    negative subnormals, whose sum is zero only if all are -0.0)."""
+    info = np.finfo(np.dtype(name))
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    hi = np.arange(1 << 16, dtype=np.uint32)
+    biased = (hi & 0x7FFF) >> (shift - 1)  # the sign dropped, the mantissa bits shifted out
+    return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
+
+
+def codes(x, out, tmp, first: bool) -> None:
+    """out = (first ? code(x) : max(out, code(x))), item by item: one gather from a table
+    (`code_table`) indexed by x's 16 high bits, a strided read of x."""
+    table = code_table(x.dtype.name, out.dtype.name)
     if first:
-        np.copyto(out, tmp16, casting="unsafe")
+        np.take(table, _top16(x), out=out)
     else:
-        np.maximum(out, tmp16, out=out, casting="unsafe")
+        mine = tmp.view(out.dtype)[: out.size]
+        np.take(table, _top16(x), out=mine)
+        np.maximum(out, mine, out=out)
 
 
 # ------------------------------------------------------------ step 2: the words
 
 
-def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
-    """m1 = 1.5·2^(e-B1+52), m2 = m1·2^-B2 per item (their ulps are the two grids), from
-    the agreed codes; returns the items outside `FAST` (float64: scaled, `extremes`)."""
-    lo, hi = (1, g.top - 1)
+def _range(g: Grid) -> tuple[int, int]:
+    """The codes the magic constants serve: float64 those whose e lies in `FAST`."""
     if g.words == 2:
-        lo, hi = FAST[0] + g.bias - 1, FAST[1] + g.bias - 1
-    np.clip(code, lo, hi, out=tmp, casting="unsafe")  # e + bias - 1, clamped
-    # m1's biased exponent: e - B1 + 52 + 1023 = code + 1076 - bias - B1; mantissa 1.5
-    np.left_shift(tmp, 52, out=tmp)
-    np.add(tmp, ((1076 - g.bias - g.B1) << 52) | (1 << 51), out=m1.view(np.int64))
-    if g.words == 2:
-        np.subtract(m1.view(np.int64), g.B2 << 52, out=m2.view(np.int64))
-        return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
-    return np.zeros(0, np.intp)
+        return FAST[0] + g.bias - 1, FAST[1] + g.bias - 1
+    return 1, g.top - 1
+
+
+@cache
+def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """m1 and m2 for every code: 1.5·2^(e-B1+52) and that times 2^-B2 (codes outside
+    `_range` get their nearest's: their words are made apart, in `extremes`)."""
+    lo, hi = _range(g)
+    e = np.clip(np.arange(g.top + 1), lo, hi) - (g.bias - 1)
+    m1 = np.ldexp(1.5, e - g.B1 + 52)
+    return m1, m1 * 2.0 ** -g.B2
+
+
+def magics(code, g: Grid, m1, m2) -> np.ndarray:
+    """m1, m2 per item from the agreed codes (`magic_tables`: one gather each); returns the
+    float64 items outside `FAST`, whose words `extremes` makes."""
+    t1, t2 = magic_tables(g)
+    np.take(t1, code, out=m1)
+    if g.words == 1:
+        return np.zeros(0, np.intp)
+    np.take(t2, code, out=m2)
+    lo, hi = _range(g)
+    return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
 
 
 def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
@@ -203,8 +224,7 @@ def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
     m1's binade), exactly; x minus it is exact too. All float64 (x: converted on the way).
     """
     q1 = w1 if first else tmp
-    np.add(x, m1, out=q1)
-    np.subtract(q1, m1, out=q1)
+    np.copyto(q1, x)
     if not first:
         np.add(w1, q1, out=w1)
     if w2 is None:
@@ -299,7 +319,7 @@ class Scratch(NamedTuple):
     words_tmp: object  # the SUM algorithm's tmp, word dtype
     m1: object  # count, float64: the magic constants of the two grids
     m2: object
-    y: object  # count, float64: a word of the second, third ... part; int64 in `magics`
+    y: object  # count, float64: a word of the second, third ... part; codes' scratch
 
 
 def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
@@ -358,7 +378,7 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
         w1, w2 = _words(W, g, rs, 0, count)
         m2 = s.m2 if g.words == 2 else None
-        scaled = magics(code, g, s.m1, m2, s.y.view(np.int64))
+        scaled = magics(code, g, s.m1, m2)
         if not parts:
             W[...] = 0
         with np.errstate(invalid="ignore", over="ignore"):
