@@ -339,3 +339,18 @@ def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
             assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
             assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
         assert np.all(y == N)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_codes_and_magic_constants_match_their_tables(dtype):
+    """The shifts that make codes and magic constants give what the tables spell out."""
+    x = hard_addends(4000, 1, dtype, seed=5)[0]
+    code, t16 = np.empty(x.size, prerounding.grid(dtype, 3).code), np.empty(x.size, np.uint16)
+    prerounding.codes(x, code, t16, True)
+    assert np.array_equal(code, prerounding.code_table(np.dtype(dtype).name,
+                                                       code.dtype.name)[prerounding._top16(x)])
+    g = prerounding.grid(dtype, 7)
+    m1, m2 = np.empty(x.size), np.empty(x.size)
+    prerounding.magics(code, g, m1, m2, t16)
+    t1, t2 = prerounding.magic_tables(g)
+    assert np.array_equal(m1, t1[code]) and (g.words == 1 or np.array_equal(m2, t2[code]))

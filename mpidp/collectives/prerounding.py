@@ -66,7 +66,7 @@ Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X byte
 plus, per addend, a gather of its code from a table (`code_table`: a strided read)
 and five passes over it (two for float32, float16: one addition and one
 subtraction per word), two gathers of constants per call, and one pass at the
-end, in place in pooled scratch (`Scratch`).
+end, in place in pooled scratch (`exact.Scratch`).
 """
 
 from __future__ import annotations
@@ -77,10 +77,6 @@ from functools import cache
 from typing import NamedTuple
 
 import numpy as np
-
-from .blocks import Blocks
-from .ops import MAX, SUM
-from .schedule import Rounds
 
 LITTLE = sys.byteorder == "little"
 FAST = (-960, 960)  # float64 items whose e lies here take the magic constants (see above)
@@ -176,15 +172,20 @@ def code_table(name: str, code: str) -> np.ndarray:
 
 
 def codes(x, out, tmp, first: bool) -> None:
-    """out = (first ? code(x) : max(out, code(x))), item by item: one gather from a table
-    (`code_table`) indexed by x's 16 high bits, a strided read of x."""
-    table = code_table(x.dtype.name, out.dtype.name)
+    """out = (first ? code(x) : max(out, code(x))), item by item (`code_table` says what a
+    code is): x's 16 high bits copied once (a strided read), then shifts on 2 bytes an item."""
+    info = np.finfo(x.dtype)
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    t16 = tmp.view(np.uint16)[: out.size]
+    np.copyto(t16, _top16(x))
+    positive_small = t16 < (1 << (shift - 1))  # +0.0, positive subnormals (1 byte an item)
+    np.left_shift(t16, 1, out=t16)  # the sign dropped
+    np.right_shift(t16, shift, out=t16)
+    np.bitwise_or(t16, positive_small, out=t16)
     if first:
-        np.take(table, _top16(x), out=out, mode="clip")  # (no bounds check: 2^16 entries)
+        np.copyto(out, t16, casting="unsafe")
     else:
-        mine = tmp.view(out.dtype)[: out.size]
-        np.take(table, _top16(x), out=mine, mode="clip")
-        np.maximum(out, mine, out=out)
+        np.maximum(out, t16, out=out, casting="unsafe")
 
 
 # ------------------------------------------------------------ step 2: the words
@@ -207,15 +208,21 @@ def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
     return m1, m1 * 2.0 ** -g.B2
 
 
-def magics(code, g: Grid, m1, m2) -> np.ndarray:
-    """m1, m2 per item from the agreed codes (`magic_tables`: one gather each); returns the
+def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
+    """m1, m2 per item from the agreed codes (the values of `magic_tables`), written as
+    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) over zeros; returns the
     float64 items outside `FAST`, whose words `extremes` makes."""
-    t1, t2 = magic_tables(g)
-    np.take(t1, code, out=m1, mode="clip")  # (codes are in range: no check)
+    lo, hi = _range(g)
+    t16 = tmp.view(np.uint16)[: code.size]
+    np.clip(code, lo, hi, out=t16, casting="unsafe")
+    np.add(t16, 1076 - g.bias - g.B1, out=t16)  # m1's biased exponent: e - B1 + 52 + 1023
+    np.left_shift(t16, 4, out=t16)
+    np.bitwise_or(t16, 0b1000, out=t16)
+    for m, drop in ((m1, 0), (m2, g.B2)) if g.words == 2 else ((m1, 0),):
+        m.fill(0)
+        np.subtract(t16, drop << 4, out=_top16(m))  # m2 = m1·2^-B2: B2 less in the exponent
     if g.words == 1:
         return np.zeros(0, np.intp)
-    np.take(t2, code, out=m2, mode="clip")
-    lo, hi = _range(g)
     return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
 
 
@@ -307,112 +314,3 @@ def finish(code, out, g: Grid, idx, values, average: bool) -> None:
             out[neg[zero]] = -0.0
     if average and g.addends > 1:
         np.true_divide(out, g.addends, out=out)
-
-
-# ------------------------------------------------------------ the rounds
-
-
-class Scratch(NamedTuple):
-    """Pooled arrays of one exact collective of `count` items."""
-
-    code: object  # count, the code dtype (n <= 2: none)
-    code_tmp: object  # the MAX algorithm's tmp, code dtype
-    tmp16: object  # count, uint16
-    words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
-    words_tmp: object  # the SUM algorithm's tmp, word dtype
-    m1: object  # count, float64: the magic constants of the two grids
-    m2: object
-    y: object  # count, float64: a word of the second, third ... part
-
-
-def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
-    def take(dt, items):
-        return pool.take(np.empty(0, dt), items)
-
-    grid_items = 0 if g.plain else count
-    return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
-                   take(np.uint16, grid_items), take(g.word, count * g.words),
-                   take(g.word, word_items), take(np.float64, grid_items),
-                   take(np.float64, grid_items if g.words == 2 else 0),
-                   take(np.float64, grid_items))
-
-
-def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
-    """Items lo..hi of word 1 and word 2 (None: one word) as views of W."""
-    if g.words == 1:
-        return W[lo:hi], None
-    if interleaved:
-        return W[2 * lo : 2 * hi : 2], W[2 * lo + 1 : 2 * hi : 2]
-    count = W.size // 2
-    return W[lo:hi], W[count + lo : count + hi]
-
-
-def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
-                 average: bool = False, reduce_scatter: Blocks | None = None) -> Rounds:
-    """The three passes as one generator of rounds (see the module docstring).
-
-    Args:
-        parts: this rank's addends, arrays of out's size and dtype (any number). They
-            may include `out`: every part is read before out is written.
-        out: the result (all-reduce); with `reduce_scatter` (the blocks of the items),
-            this rank's block of it.
-        code_algo, word_algo: the all-reduce (or reduce-scatter) generators for the
-            MAX pass and the SUM pass, ``(comm, buf, blocks, op, tmp)``.
-    """
-    n, rank = comm.Get_size(), comm.Get_rank()
-    W = s.words
-    count = W.size // g.words
-    rs = reduce_scatter is not None
-    if g.plain:  # one addition: a + b == b + a; ranks without addends add -0.0
-        if not rs and not any(np.may_share_memory(x, out) for x in parts[1:]):
-            W = out  # the all-reduce runs in out itself (in place: no copy at all)
-        if not parts:
-            W[...] = -0.0
-        elif parts[0] is not W:
-            np.copyto(W, parts[0])
-        for x in parts[1:]:
-            np.add(W, x, out=W)
-    else:
-        code = s.code
-        if not parts:
-            code[...] = 0  # MAX's identity
-        for i, x in enumerate(parts):
-            codes(x, code, s.tmp16, i == 0)
-        yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
-        w1, w2 = _words(W, g, rs, 0, count)
-        m2 = s.m2 if g.words == 2 else None
-        scaled = magics(code, g, s.m1, m2)
-        if not parts:
-            W[...] = 0
-        with np.errstate(invalid="ignore", over="ignore"):
-            for i, x in enumerate(parts):
-                to_words(x, s.m1, m2, w1, w2, s.y, i == 0)
-            if scaled.size:
-                extremes(parts, scaled, code, g, w1, w2)
-        special = specials(parts, code, w1, w2, g)
-    if rs:
-        yield from word_algo(comm, W, Blocks([c * g.words for c in reduce_scatter.counts]),
-                             SUM, s.words_tmp)
-        lo = reduce_scatter.displs[rank]
-        hi = lo + reduce_scatter.counts[rank]
-    else:
-        yield from word_algo(comm, W, Blocks.even(W.size, n), SUM, s.words_tmp)
-        lo, hi = 0, count
-    if g.plain:
-        if W is not out:
-            np.copyto(out, W[lo:hi])
-        with np.errstate(invalid="ignore", over="ignore"):
-            suspect = np.isnan(np.add.reduce(out))  # one read: NaN if any item is NaN
-        if suspect:
-            out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
-        if average and g.addends > 1:
-            np.true_divide(out, g.addends, out=out)
-        return
-    w1, w2 = _words(W, g, rs, lo, hi)
-    code = code[lo:hi]
-    special = special[(special >= lo) & (special < hi)] - lo
-    scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
-    values = special_values(w1, w2, special) if special.size else None
-    with np.errstate(invalid="ignore", over="ignore"):
-        from_words(w1, w2, out, code, g, scaled)
-    finish(code, out, g, special, values, average)

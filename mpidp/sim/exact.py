@@ -19,8 +19,8 @@ import numpy as np
 from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
 from mpidp.collectives.blocks import Blocks
 from mpidp.collectives.buffers import ScratchPool
-from mpidp.collectives.exact import CODE_FOR, sum_parts
-from mpidp.collectives.prerounding import exact_rounds, grid, scratch_for
+from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for, sum_parts
+from mpidp.collectives.prerounding import grid
 
 from .engine import Sim
 
