@@ -354,3 +354,17 @@ def test_codes_and_magic_constants_match_their_tables(dtype):
     prerounding.magics(code, g, m1, m2, t16)
     t1, t2 = prerounding.magic_tables(g)
     assert np.array_equal(m1, t1[code]) and (g.words == 1 or np.array_equal(m2, t2[code]))
+
+
+def test_sim_cli_check_and_volume(capsys):
+    """`python -m mpidp.sim check ALGO --exact` and `volume --exact` run and say so."""
+    from mpidp.sim.__main__ import main
+
+    assert main(["check", "ring", "--exact", "--ranks", "1-3", "--quick"]) == 0
+    assert "mpidp.sim check ring --exact (allreduce), N = 1-3: ok" in capsys.readouterr().out
+    assert main(["volume", "--exact", "--ranks", "2,3,4"]) == 0
+    rows = {line.split("|")[0].strip(): line for line in capsys.readouterr().out.splitlines()
+            if "|" in line}
+    assert rows["2"].split("|")[1].split()[0] == "1.000"  # two addends: SUM's bytes
+    assert rows["3"].split("|")[1].split()[0] == "3.000"  # ring: 2.25 · 2(N-1)/N
+    assert rows["4"].split("|")[1].split()[0] == "3.375"
