@@ -78,11 +78,15 @@ def test_error_within_pairwise_bound(dtype, n):
 
 
 def test_float64_is_correctly_rounded_where_the_grid_holds_every_bit():
-    """Addends within 2^60 of each other: the words hold them exactly, so R = fsum."""
+    """Addends within 2^36 of each other: every bit lies on the grid (B1 + B2 = 107 - 2k >=
+    36 + 53 for n <= 64), so V = S and the result is fsum's, the correctly rounded sum."""
     rng = np.random.default_rng(1)
-    for n in (2, 3, 8, 64):
-        parts = [rng.standard_normal(500) * np.exp2(rng.integers(-50, 10, 500)) for _ in range(n)]
-        parts[1][:100] = -parts[0][:100] + rng.standard_normal(100) * 1e-14  # cancellation
+    for n in (3, 8, 64):
+        g = prerounding.grid(np.float64, n)
+        assert g.B1 + g.B2 >= 36 + 53 + 1
+        parts = [rng.choice([-1.0, 1.0], 500) * rng.uniform(1, 2, 500)
+                 * np.exp2(rng.integers(-30, 6, 500)) for _ in range(n)]
+        parts[1][:100] = -parts[0][:100]  # exact cancellation of the largest, for some items
         got = local(parts)
         want = np.array([math.fsum(p[i] for p in parts) for i in range(500)])
         assert same_bits(got, want), np.flatnonzero(got != want)[:5]
