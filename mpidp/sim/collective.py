@@ -62,6 +62,12 @@ def layout(collective: str, N: int, count: int, counts=None, displs=None) -> Blo
     return Blocks.even(count, N)
 
 
+def per_rank(displs, N: int) -> bool:
+    """True if `displs` gives each rank a layout of its own (a list of N lists)."""
+    return displs is not None and len(displs) == N and all(
+        isinstance(d, (list, tuple)) for d in displs)
+
+
 def make_input(op: str, dtype, count: int, rank: int, seed: int = 0) -> np.ndarray:
     """Rank `rank`'s input: small values, exact under every order of reduction."""
     rng = np.random.default_rng([seed, rank, count])
@@ -120,7 +126,9 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     Args:
         count: items of the whole vector (all-gather: of all blocks together), split
             into N blocks as `Blocks.even` does; or give `counts` (and, for all-gather,
-            `displs`): ``MPI_Reduce_scatter``'s recvcounts, ``MPI_Allgatherv``'s layout.
+            `displs`): ``MPI_Reduce_scatter``'s recvcounts, ``MPI_Allgatherv``'s layout;
+            `displs` may also be one list per rank, each rank's own layout (MPI allows
+            it: only the counts must agree).
         inputs: each rank's input, of one dtype (all-reduce, reduce-scatter: the vector;
             all-gather: its block; broadcast: the root's vector); default `make_input`.
         in_place: the input is in the receive buffer (``IN_PLACE``).
@@ -132,7 +140,10 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         ScheduleError: deadlock, mismatched pair or overlapping round (see `Sim`).
     """
     fn, scratch_items, name = resolve(collective, algorithm, scratch)
-    blocks = layout(collective, N, count, counts, displs)
+    own = per_rank(displs, N) and collective == "allgather"
+    layouts = [layout(collective, N, count, counts, displs[r] if own else displs)
+               for r in range(N)]  # each rank's own blocks
+    blocks = layouts[0]
     the_op = resolve_op(op)
     dt = np.dtype(dtype) if inputs is None else inputs[0].dtype
     if inputs is None:
@@ -147,9 +158,10 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
             buf = x.copy() if r == root else np.full(x.size, SENTINEL, dt)
             gens.append(fn(comm, buf, root))
         elif collective == "allgather":
-            buf = np.full(blocks.extent, SENTINEL, dt)
-            blocks.view(buf, r)[...] = x
-            gens.append(fn(comm, buf, blocks))
+            mine = layouts[r]
+            buf = np.full(mine.extent, SENTINEL, dt)
+            mine.view(buf, r)[...] = x
+            gens.append(fn(comm, buf, mine))
         else:
             tmp = np.full(scratch_items(blocks), GARBAGE, dt)
             if in_place:
@@ -170,6 +182,9 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     with np.errstate(over="ignore"):  # products may overflow, alike in any order
         sim.run(gens)
         expected = reference(collective, blocks, inputs, the_op, root)
+    if own:  # each rank's result in its own layout
+        expected = [reference(collective, b, inputs, the_op, root)[r]
+                    for r, b in enumerate(layouts)]
     if collective == "reduce_scatter":  # rank r's result is block r of its work vector
         results = [blocks.view(buf, r).copy() for r, buf in enumerate(results)]
     return Outcome(collective, name, N, blocks, dt, the_op, in_place, root, sim, inputs,
