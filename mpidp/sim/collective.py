@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpidp.collectives.api import ALLGATHER, ALLREDUCE, BCAST, REDUCE_SCATTER
+from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
 from mpidp.collectives.blocks import Blocks
 from mpidp.collectives.ops import resolve_op
+from mpidp.collectives.plan import through_packed
 
 from .engine import Sim
 
@@ -161,7 +162,11 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
             mine = layouts[r]
             buf = np.full(mine.extent, SENTINEL, dt)
             mine.view(buf, r)[...] = x
-            gens.append(fn(comm, buf, mine))
+            if mine.packed or fn in ANY_LAYOUT:
+                gens.append(fn(comm, buf, mine))
+            else:  # as plan_allgather: on a packed copy, then to this rank's layout
+                tmp = np.full(mine.total, GARBAGE, dt)
+                gens.append(through_packed(fn, comm, buf, mine, tmp, mine.view(buf, r)))
         else:
             tmp = np.full(scratch_items(blocks), GARBAGE, dt)
             if in_place:
