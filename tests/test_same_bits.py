@@ -24,6 +24,10 @@ from mpidp.collectives.api import ALGORITHMS
 from mpidp.collectives.topology import layout
 from mpidp.sim import simulate
 
+pytestmark = pytest.mark.filterwarnings(  # inf - inf and overflowing products, on purpose
+    "ignore:invalid value encountered:RuntimeWarning",
+    "ignore:overflow encountered:RuntimeWarning")
+
 OPS = ("sum", "max", "min", "prod", "avg")
 PLACED = ("rabenseifner", "hierarchical", "auto")  # they read the placement: two hosts too
 
@@ -68,26 +72,26 @@ def test_every_allreduce_gives_every_rank_the_same_bits():
     for algorithm in ALGORITHMS["allreduce"]:
         comms = [("one host", comm)] + ([("two hosts", two_hosts)] if algorithm in PLACED else [])
         for where, c in comms:
-            for dtype in ("float64", "float32"):
-                for op in OPS:
-                    count = (1, 23, 4099)[case % 3]  # one item, < blocks, > N blocks
-                    case += 1
-                    x = tricky(dtype, count, rank)
-                    y = np.empty_like(x)
-                    if case % 2:
-                        mpidp.allreduce(c, x, y, op=op, algorithm=algorithm)
-                    else:
-                        y[...] = x
-                        mpidp.allreduce(c, mpidp.IN_PLACE, y, op=op, algorithm=algorithm)
-                    rows = gathered(comm, y)
-                    if not (rows == rows[0]).all():
-                        bad.append(f"{algorithm} ({where}) {op} {dtype} count {count}: ranks "
-                                   f"{[r for r in range(n) if (rows[r] != rows[0]).any()]} "
-                                   "differ from rank 0")
+            for op in OPS:
+                dtype = ("float64", "float32")[case % 2]
+                count = (1, 23, 4099)[case % 3]  # one item, < blocks, > N blocks
+                x = tricky(dtype, count, rank)
+                y = np.empty_like(x)
+                if case % 4 < 2:
+                    mpidp.allreduce(c, x, y, op=op, algorithm=algorithm)
+                else:
+                    y[...] = x
+                    mpidp.allreduce(c, mpidp.IN_PLACE, y, op=op, algorithm=algorithm)
+                case += 1
+                rows = gathered(comm, y)
+                if not (rows == rows[0]).all():
+                    bad.append(f"{algorithm} ({where}) {op} {dtype} count {count}: ranks "
+                               f"{[r for r in range(n) if (rows[r] != rows[0]).any()]} "
+                               "differ from rank 0")
     assert not bad, "\n".join(bad[:10])
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4, 7, 8], timeout=90)
+@pytest.mark.mpi(ranks=[2, 5, 8], timeout=90)
 def test_replayed_persistent_allreduce_keeps_the_order():
     """A persistent all-reduce replays its first run's reductions: the same bits every start,
     on every rank, as the blocking call's."""
@@ -114,11 +118,12 @@ def test_replayed_persistent_allreduce_keeps_the_order():
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS["allreduce"][:-1])
 def test_simulated_allreduce_gives_every_rank_the_same_bits(algorithm):
-    """N = 2..64; the placement-aware ones on one host and on several (2, 3, 4 ranks a host)."""
+    """N = 2..64; the placement-aware ones on one host and on several (2, 3 or 4 ranks a
+    host, rotating with N)."""
     for n in [*range(2, 14), 16, 17, 24, 31, 32, 33, 48, 63, 64]:
         placements = [None]
         if algorithm in PLACED:
-            placements += [layout(n, ppn=p) for p in (2, 3, 4) if p < n]
+            placements.append(layout(n, ppn=min(2 + n % 3, n - 1)))
         for i, placement in enumerate(placements):
             for j in range(2):  # two of the ops, rotating with N
                 op = OPS[(n + i + 2 * j) % len(OPS)]
