@@ -2,7 +2,7 @@
 
 Data-parallel replicas stay identical only if every rank gets the same bits, and
 floating point gives a pair's two orders the same bits only mostly: ``-0.0`` and
-``0.0`` compare equal, so MAX and MIN return whichever operand comes first; the
+``0.0`` compare equal, so MAX and MIN return one or the other by their order; the
 sum of two NaNs keeps the payload of the first; sums of three or more depend on
 their grouping. So a reduction computed on several ranks must be computed in the
 same order on each (the lower rank's operand first), or once and copied.
