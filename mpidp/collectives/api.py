@@ -34,7 +34,7 @@ from .halving import (
 )
 from .hierarchical import hierarchical_allreduce
 from .ops import SUM, resolve_op
-from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed
+from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed, through_packed
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
@@ -61,6 +61,10 @@ REDUCE_SCATTER = {
                           lambda blocks: halving_scratch(blocks, len(blocks))),
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
+# all-gathers that send one block per message, so run in any rank's own layout; the
+# others send runs of neighbouring blocks and run on a packed copy where it is not
+# packed (`plan.through_packed`), since MPI_Allgatherv's layouts differ across ranks
+ANY_LAYOUT = {ring_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
 ALGORITHMS = {
@@ -198,7 +202,9 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
         recvcounts, displs: per-rank counts and offsets (``MPI_Allgatherv``); None
             means equal blocks of ``sendbuf.size`` items, packed (with IN_PLACE,
             ``recvbuf.size / N``), as ``MPI_Allgather``. The displacements are this
-            rank's layout of recvbuf; the counts must be the same on every rank.
+            rank's layout of recvbuf, its own (other ranks may have other ones, gaps,
+            another order: what travels depends on the counts alone); the counts
+            must be the same on every rank.
         sendbuf: this rank's block, or IN_PLACE: it is already at its place in recvbuf.
     """
     comm = call.comm
@@ -220,6 +226,10 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     tag = call.tag(s.signed)
     locate(comm, call.state, "allgather", s.signed.description["algorithm"])
     algo, args = s.algo, (comm, buf, s.blocks)
+    if not (s.blocks.packed or algo in ANY_LAYOUT):  # my layout is mine alone: pack
+        work = call.state.pool.take(buf, s.blocks.total)
+        mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
+        return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
         algo, args = copy_rounds, (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
     return Plan(call, algo, args, tag, None, (), buf)

@@ -167,6 +167,22 @@ def copy_rounds(dst, src, algo=None, *args) -> Rounds:
         yield from algo(*args)
 
 
+def through_packed(algo, comm, buf, blocks: Blocks, work, mine) -> Rounds:
+    """An all-gather into this rank's own layout `blocks`, run on `work`, packed.
+
+    MPI_Allgatherv lets each rank lay out its recvbuf as it likes (gaps, any block
+    order); only the counts agree. An algorithm that sends neighbouring blocks as one
+    message cuts its messages by the layout, so every rank must see the same one:
+    the packed one, in `work`. My block (`mine`: sendbuf, or in place its place in
+    `buf`) goes there first, every block to its own place at the end.
+    """
+    xp, rank, packed = array_module(buf), comm.Get_rank(), Blocks(blocks.counts)
+    xp.copyto(packed.view(work, rank), mine)
+    yield from algo(comm, work, packed)
+    for i in range(len(blocks)):
+        xp.copyto(blocks.view(buf, i), packed.view(work, i))
+
+
 def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: bool = False,
                 **kwargs):
     """``body(call, *args, **kwargs)`` for a new `Call`; its slot goes back if body raises."""
