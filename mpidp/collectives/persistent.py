@@ -54,12 +54,15 @@ class Persistent:
     def Start(self) -> None:  # noqa: N802
         if self.freed:
             raise RuntimeError("Start of a freed persistent collective")
-        if self.request is not None and not self.request.done:
+        if self._in_flight():
             raise RuntimeError("Start of a persistent collective that is still active: "
                                "complete it (Wait) first")
         p = self.plan
-        if self.log is not None and self.request is not None:  # the recorded run is complete
-            self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+        if self.log is not None and self.request is not None:
+            if self.request.error is None:  # the recorded run is complete
+                self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+            else:  # it raised part way: record the next run instead
+                self.log = []
         if self.replay is not None:
             self.request = self.replay
             self.replay.start()
@@ -89,9 +92,15 @@ class Persistent:
         """Active: started, and not yet reported complete (Waitany and the like skip it)."""
         return self.request is not None and bool(self.request)
 
+    def _in_flight(self) -> bool:
+        """Started, and neither complete nor failed (a run whose own work raised has no
+        message in flight: it may be started again, or freed)."""
+        r = self.request
+        return r is not None and not r.done and r.error is None
+
     def Free(self) -> None:  # noqa: N802
         """Give the scratch and the tag back; only when it is not active."""
-        if self.request is not None and not self.request.done:
+        if self._in_flight():
             raise RuntimeError("Free of a persistent collective that is still active")
         if not self.freed:
             if self.replay is not None:
