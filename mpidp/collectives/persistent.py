@@ -41,7 +41,10 @@ class Persistent:
     the tag back. Like MPI's persistent requests, a completed or never started one
     is inactive: `Wait` returns at once and `Test` answers True. From the second
     start on, a replayable plan is replayed (`replay`): ``request`` is then the
-    same `Replay` at every start.
+    same `Replay` at every start. A start whose own work raises (a reduction)
+    fails: its `Wait` raises, again at every later `Wait`, and it is no longer
+    active, so it may be started again (a run recorded part way is recorded anew)
+    or freed; its slot stays held until `Free`, as any persistent collective's.
     """
 
     __slots__ = ("plan", "request", "freed", "log", "replay")
