@@ -416,6 +416,10 @@ def test_two_threads_starting_collectives_at_once_raise_with_debug():
                                  kwargs={"algorithm": "ring"}, name=name)
             t.start()
             t.join(10)
+        # a start that starts another on its own thread: Reduce_scatter gathers its counts
+        y2 = np.zeros(2)
+        mpidp.Comm(comm, "ring").Reduce_scatter(np.ones(4), y2)
+        assert np.array_equal(y2, [2.0, 2.0])
         assert not state.state(comm)._busy
         comm.comm.Free()
     finally:
