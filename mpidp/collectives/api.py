@@ -4,14 +4,16 @@ Every collective has a nonblocking form (``iallreduce`` ... returns a `Request`)
 and a blocking one (``allreduce`` ... = start, then wait). Arguments are NumPy
 or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in ``recvbuf``, as in
 MPI. All checks happen here (`checks`), before any message is sent, on the rank
-that got the bad argument.
+that got the bad argument. Integer arguments (root, counts, displacements) are
+taken as the ints they are (``np.int64(1)`` is 1; ``1.0`` is a TypeError).
 
 Any number of collectives may be in flight on one communicator, each with the
 next tag of its sequence (`state`; ``tag=`` gives one of your own, below
 ``TAG_BASE``). Ranks that disagree cannot exchange data (the call's signature is
 in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank raise
-``ValueError`` with what each rank passed (`checks.agree`). What a signature
-determines is worked out once per communicator (`plan.Call.setup`).
+``ValueError`` with what each rank passed (`checks.agree`), compared as passed
+(``auto`` is not ``ring``) after the local checks and before anything collective.
+What a signature determines is worked out once per communicator (`plan.Call.setup`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from mpi4py import MPI
 from . import cost, exact
 from .blocks import Blocks
 from .buffers import array_module, flat
-from .checks import check_buffer, check_pair, gather_blocks, scatter_blocks
+from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
 from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
@@ -121,6 +123,9 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
         return Setup(signed("allreduce", buf.size, buf.dtype, op, name), algo, blocks,
                      scratch_items(blocks))
 
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("allreduce", algorithm)
+        call.agree("allreduce", count=buf.size, dtype=buf.dtype, op=op.name, algorithm=algorithm)
     s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
     tag = call.tag(s.signed)
     locate(comm, call.state, "allreduce", s.signed.description["algorithm"])
@@ -156,20 +161,27 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf, op)
     full = recvbuf if in_place else sendbuf
-    if op.exact and full.dtype.kind == "f":
-        blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
-        return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: blocks.counts[rank]], op,
-                                algorithm, n, blocks)
+    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
+
+    def layout() -> Blocks:
+        return scatter_blocks(full.size, recvbuf.size, counts, in_place, n, rank)
+
+    if op.exact and full.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
+        return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: layout().counts[rank]], op,
+                                algorithm, n, layout())
     op = SUM if op.exact else op
 
     def setup() -> Setup:
-        blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
+        blocks = layout()
         name = choose(comm, "reduce_scatter", full.nbytes, algorithm)
         algo, scratch_items = REDUCE_SCATTER[name]
         return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), algo,
                      blocks, scratch_items(blocks))
 
-    counts = None if recvcounts is None else tuple(recvcounts)
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("reduce_scatter", algorithm)
+        call.agree("reduce_scatter", count=layout().counts, dtype=full.dtype, op=op.name,
+                   algorithm=algorithm)
     s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
                     op.name, algorithm), setup)
     tag, blocks = call.tag(s.signed), s.blocks
@@ -212,17 +224,24 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf)
     buf = flat(recvbuf)
+    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
+    offsets = None if displs is None else indices(displs, "displs")
+
+    def layout() -> Blocks:
+        return gather_blocks(None if in_place else sendbuf.size, buf.size, counts, offsets,
+                             n, rank)
 
     def setup() -> Setup:
-        blocks = gather_blocks(None if in_place else sendbuf.size, buf.size, recvcounts,
-                               displs, n, rank)
+        blocks = layout()
         name = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)  # alike everywhere
         return Setup(signed("allgather", blocks.counts, buf.dtype, None, name),
                      ALLGATHER[name], blocks)
 
-    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size,
-                    None if recvcounts is None else tuple(recvcounts),
-                    None if displs is None else tuple(displs), buf.dtype, algorithm), setup)
+    if call.debug:  # the arguments as passed (the counts; displs are each rank's own layout)
+        check_algorithm("allgather", algorithm)
+        call.agree("allgather", count=layout().counts, dtype=buf.dtype, algorithm=algorithm)
+    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
+                    buf.dtype, algorithm), setup)
     tag = call.tag(s.signed)
     locate(comm, call.state, "allgather", s.signed.description["algorithm"])
     algo, args = s.algo, (comm, buf, s.blocks)
@@ -239,16 +258,19 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
 def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     """Check and set up a broadcast of `buf` from `root` to every rank."""
     comm = call.comm
+    root, n = index(root, "root"), comm.Get_size()
+    if not 0 <= root < n:
+        raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
     check_buffer(buf, "buf", writable=comm.Get_rank() != root)
     vec = flat(buf)
 
     def setup() -> Setup:
-        n = comm.Get_size()
-        if not 0 <= root < n:
-            raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
         name = choose(comm, "bcast", vec.nbytes, algorithm)
         return Setup(signed("bcast", vec.size, vec.dtype, None, name, root), BCAST[name])
 
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("bcast", algorithm)
+        call.agree("bcast", count=vec.size, dtype=vec.dtype, algorithm=algorithm, root=root)
     s = call.setup(("bcast", vec.size, vec.dtype, root, algorithm), setup)
     tag = call.tag(s.signed)
     algo, args = s.algo, (comm, vec, root)

@@ -201,6 +201,11 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
                             f"{code_name}+{word_name}"),
                      (code_name, code_algo, word_name, word_algo), blocks, items)
 
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        collective = "reduce_scatter" if rs else "allreduce"
+        api.check_algorithm(collective, algorithm)
+        call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
+                   op=op.name, algorithm=algorithm, addends=addends)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
