@@ -5,10 +5,13 @@
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
     mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
+    mpiexec -n 3 python examples/train_mlp.py --deterministic   # the bits of 1 rank
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
-the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
+the number of ranks: to rounding by default, bitwise with --deterministic (the
+global batch cut into micro-shards of --micro-batch samples, summed exactly).
+Rank 0 prints one line per epoch and writes --metrics.
 
 A bad flag or MPIDP_TIMEOUT, an output path rank 0 cannot write, an existing
 --checkpoint without --resume or --overwrite, or a checkpoint that cannot be
@@ -25,7 +28,7 @@ import json
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 from mpi4py import MPI
@@ -35,6 +38,7 @@ from mpidp import cli, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, checkpoint, data
 from mpidp.training.checkpoint import CheckpointError
+from mpidp.training.determinism import default_micro_batch, micro_shards
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
 from mpidp.training.optim import OPTIMIZERS
@@ -90,6 +94,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
     p.add_argument("--debug", action="store_true", help="check replicas are identical")
     p.add_argument("--blas-threads", type=count, default=1, help="BLAS threads per rank")
+    p.add_argument("--deterministic", action="store_true",
+                   help="N ranks train bitwise like 1 rank on the global batch")
+    p.add_argument("--micro-batch", type=count, default=None, metavar="M",
+                   help="--deterministic's micro-shard size (default: from the global batch "
+                        "alone, see mpidp.training.determinism.default_micro_batch)")
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint FILE")
@@ -98,6 +107,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.zero and args.algorithm not in HALVES:
         p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
                 f"one of {', '.join(HALVES)}")
+    if args.micro_batch is not None and not args.deterministic:
+        p.error("--micro-batch is --deterministic's micro-shard size: pass --deterministic")
+    if args.deterministic:
+        if args.device == "gpu":
+            p.error("--deterministic runs on the CPU only (GPU libraries pick kernels by "
+                    "heuristics)")
+        if args.blas_threads > 1:
+            p.error("--deterministic needs one BLAS thread per rank (--blas-threads 1)")
+        if args.accum_steps > 1:
+            p.error("--deterministic accumulates its micro-shards itself: size them with "
+                    "--micro-batch, not --accum-steps")
+        if args.micro_batch is None:
+            args.micro_batch = default_micro_batch(args.global_batch)
     if args.lr is None:
         args.lr = DEFAULT_LR[args.optimizer]
     return args
@@ -189,22 +211,26 @@ def main(argv=None) -> int:
         return cli.usage_error(PROG, e)
     # From here on every collective is under a deadline (MPIDP_TIMEOUT, or the default
     # one, see watchdog.guard), and an exception on one rank ends the whole job.
-    with watchdog.guard("auto", "training") as dog, blas_threads(args.blas_threads):
-        return train(args, comm, dog)
+    with watchdog.guard("auto", "training") as dog, ExitStack() as limits:
+        return train(args, comm, dog, limits)
 
 
-def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
+def train(args: argparse.Namespace, comm, dog: watchdog.Dog, limits: ExitStack) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     problem = check_outputs(args) if rank == 0 else None
     xp = array_module(args.device)
     ds = data.digits(seed=args.seed) if args.data == "digits" else data.synthetic(seed=args.seed)
+    # after the data: scikit-learn loads a BLAS of its own, which the limit must see too
+    limits.enter_context(blas_threads(args.blas_threads))
     dtype = np.dtype(args.dtype)
     x_train, y_train = xp.asarray(ds.x_train.astype(dtype)), xp.asarray(ds.y_train)
     x_test, y_test = ds.x_test[rank::size].astype(dtype), ds.y_test[rank::size]  # my test shard
     x_test, y_test = xp.asarray(x_test), xp.asarray(y_test)
+    A = args.accum_steps  # micro-batches per rank and step
     try:
-        sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed,
-                               args.accum_steps)
+        if args.deterministic:  # the micro-shards: M samples each, contiguous in the global batch
+            A = micro_shards(args.global_batch, size, args.micro_batch)
+        sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed, A)
     except ValueError as e:
         problem = problem or f"--global-batch: {e}"
     sizes = [ds.features, *args.hidden, ds.classes]
@@ -222,14 +248,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     tracer = Tracer(rank) if args.trace else None
     ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                        args.algorithm, args.progress_thread, args.debug, tracer,
-                       zero=args.zero, optimizer=opt)
+                       zero=args.zero, optimizer=opt, deterministic=args.deterministic)
     opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
     if rank == 0:
         print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
               f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
-              f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
+              f"{A} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch"
+              + (", deterministic" if args.deterministic else ""))
         if start_epoch or start_step:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
     metrics = None
@@ -248,7 +275,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             checkpoint.save(args.checkpoint, model, whole, {**run_state, "epoch": epoch,
                                                             "step": step})
 
-    A, stop = args.accum_steps, False
+    stop = False
     for epoch in range(start_epoch, args.epochs):
         batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
         first = start_step if epoch == start_epoch else 0
@@ -264,13 +291,13 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             measured = StepPeak().start() if last else None  # tracemalloc: host arrays
             for a in range(A):
                 idx = xp.asarray(batches[step, a])
-                x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
+                x, y = x_train[idx], y_train[idx]  # (b, D), (b,): a contiguous copy
                 with ddp.no_sync() if a < A - 1 else nullcontext():
                     t0 = time.perf_counter()
                     logits = ddp.forward(x)  # (b, C)
                     t1 = time.perf_counter()
                     loss, dlogits = softmax_cross_entropy(logits, y)
-                    if A > 1:
+                    if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
                         dlogits /= A  # the mean over A micro-batches of b = mean over A*b
                     ddp.backward(dlogits)
                 stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),

@@ -64,7 +64,7 @@ def check_reproducible(xp=np) -> None:
         if lib.get("num_threads", 1) > 1:
             raise RuntimeError(
                 f"deterministic training needs one BLAS thread, and {lib['internal_api']} "
-                f"runs {lib['num_threads']}: run it inside threadpoolctl's "
+                f"({lib.get('filepath')}) runs {lib['num_threads']}: run it inside threadpoolctl's "
                 "threadpool_limits(1, user_api='blas') (the trainers' --blas-threads 1 does), "
                 "or set OPENBLAS_NUM_THREADS=1 / MKL_NUM_THREADS=1")
         if lib.get("internal_api") == "mkl" and not os.environ.get("MKL_CBWR"):
