@@ -117,6 +117,13 @@ RULES = [  # addends, result ("nan", "+0", "-0" or a number)
     ([-0.0, 0.0], "+0"), ([1.0, -1.0], "+0"), ([-1.0, 1.0, -0.0], "+0"), ([0.0], "+0"),
     (["max", "max"], INF), (["-max", "-max", 1.0], -INF), (["max", "max", "-max"], "max"),
     (["-tiny", "tiny"], "+0"), (["-tiny", -0.0], "-tiny"),
+    # three addends and more take the grid: the same rules
+    ([NAN, 1.0, 2.0], "nan"), ([1.0, 2.0, -NAN, 3.0], "nan"), ([INF, -INF, 1.0], "nan"),
+    ([INF, 1.0, 2.0], INF), ([-INF, 1.0, -INF], -INF), ([-0.0, -0.0, -0.0], "-0"),
+    ([-0.0, 0.0, -0.0], "+0"), ([1.0, -1.0, -0.0], "+0"), ([-0.0, -0.0, -0.0, 0.0], "+0"),
+    (["max", "max", 1.0], INF), (["-max", "-max", "-max"], -INF),
+    (["max", "max", "-max", 0.0], "max"), (["-tiny", "tiny", -0.0], "+0"),
+    (["-tiny", -0.0, -0.0], "-tiny"),
 ]
 
 
@@ -156,9 +163,9 @@ def test_average_and_integers():
 
 
 def test_refuses_what_the_bound_does_not_cover():
-    with pytest.raises(ValueError, match="2\\^15"):
-        prerounding.grid(np.float32, 2 ** 15 + 1)
-    prerounding.grid(np.float32, 2 ** 15)
+    with pytest.raises(ValueError, match="up to 65536 addends"):
+        prerounding.grid(np.float32, 2 ** 16 + 1)
+    prerounding.grid(np.float32, 2 ** 16)
     with pytest.raises(TypeError, match="float16, float32 and float64"):
         prerounding.grid(np.complex128, 2)
     with pytest.raises(ValueError, match="every part must match"):
@@ -216,12 +223,14 @@ def test_sim_the_rest_of_the_buffer_and_the_placement_do_not_matter():
 
 
 def test_sim_bytes_are_the_two_passes():
-    """EXACT_SUM moves the code pass (G/4) plus the words (2G) for float64 and float32."""
+    """EXACT_SUM moves the code pass (G/4) plus the words (2G) for float64 and float32; two
+    addends (N = 2) are one addition, plain SUM's bytes."""
     for dtype, per_item in (("float64", 2 + 16), ("float32", 1 + 8)):
         for N in (2, 3, 4, 8):
             count = 24 * N
             _, sim = simulate_exact("ring", [[np.ones(count, dtype)] for _ in range(N)], N)
-            assert sim.bytes_sent == [2 * (N - 1) * count * per_item // N] * N
+            per = np.dtype(dtype).itemsize if N == 2 else per_item
+            assert sim.bytes_sent == [2 * (N - 1) * count * per // N] * N
 
 
 # ------------------------------------------------------------ across ranks (MPI)
@@ -314,7 +323,8 @@ def test_mpi_parts_spread_unevenly(mpi_ranks):
 
 @pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
 def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
-    """The ring moves 2(N-1)/N of each pass: codes (2 B, 1 B per item) and words (16 B, 8 B)."""
+    """The ring moves 2(N-1)/N of each pass: codes (2 B, 1 B per item) and words (16 B, 8 B),
+    2.25 times SUM's bytes; N = 2 (two addends, one addition): SUM's bytes."""
     comm = MPI.COMM_WORLD
     N = comm.Get_size()
     count = 40 * N
@@ -323,6 +333,9 @@ def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
         x = np.ones(count, dtype)
         y = np.empty_like(x)
         mpidp.allreduce(counter, x, y, op=mpidp.EXACT_SUM, algorithm="ring")
-        assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
-        assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
+        if N == 2:
+            assert counter.bytes_sent == x.nbytes * (N - 1) * 2 // N
+        else:
+            assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
+            assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
         assert np.all(y == N)

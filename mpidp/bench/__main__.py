@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "calibrate": "mpidp.bench.calibrate",  # fitted α, β, γ and predicted vs measured
     "guard": "mpidp.bench.guard",  # what the tag signature and MPIDP_DEBUG=1 cost per call
     "zero": "mpidp.bench.zero",  # memory per rank under ZeRO stages 0, 1, 2; prefetch timing
+    "exact": "mpidp.bench.exact",  # EXACT_SUM against SUM (interleaved, medians)
 }
 
 

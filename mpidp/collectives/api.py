@@ -105,12 +105,10 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     send = None if sendbuf is IN_PLACE else sendbuf
     check_pair(send, recvbuf, op, same_size=True)
     buf = flat(recvbuf)
-    if op.exact:  # integers: SUM is exact already; floats: exact.py's three passes
-        if buf.dtype.kind in "iu":
-            op = SUM
-        else:
-            return exact.plan_exact(call, [buf if send is None else flat(send)], buf, op,
-                                    algorithm, comm.Get_size())
+    if op.exact and buf.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
+        return exact.plan_exact(call, [buf if send is None else flat(send)], buf, op,
+                                algorithm, comm.Get_size())
+    op = SUM if op.exact else op
 
     def setup() -> Setup:
         name = choose(comm, "allreduce", buf.nbytes, algorithm)
@@ -154,13 +152,11 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf, op)
     full = recvbuf if in_place else sendbuf
-    if op.exact:
-        if full.dtype.kind in "iu":
-            op = SUM
-        else:
-            blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
-            return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: blocks.counts[rank]],
-                                    op, algorithm, n, blocks)
+    if op.exact and full.dtype.kind == "f":
+        blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
+        return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: blocks.counts[rank]], op,
+                                algorithm, n, blocks)
+    op = SUM if op.exact else op
 
     def setup() -> Setup:
         blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)

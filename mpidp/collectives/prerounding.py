@@ -2,63 +2,78 @@
 
 Float addition is not associative: (1e16 + 1) - 1e16 is 0.0, (1e16 - 1e16) + 1 is
 1.0, so a ring, a halving tree and one rank summing the same numbers disagree in
-the last bits. Pre-rounding (Demmel and Nguyen, ARITH 2013 and IEEE TC 2015;
+the last bits. Pre-rounding (Demmel and Nguyen, "Fast reproducible floating-point
+summation", ARITH 2013; "Parallel reproducible summation", IEEE TC 2015;
 ReproBLAS) makes the sum independent of the order: agree on a grid per item,
-round every addend to it, add the rounded addends as integers (which are
-associative), convert back once. Three passes, each an ordinary collective:
+round every addend to it, add the rounded addends where addition is exact (and so
+associative), round once at the end. Three passes, two of them collectives:
 
-    1. MAX all-reduce of a 1- or 2-byte code per item: its largest exponent e
-       (|x| < 2^e for every addend), or "inf/nan here", or "only -0.0 here".
-    2. every rank cuts each addend into integer words on the grid of e:
+    1. MAX all-reduce of a code per item (2 bytes for float64, 1 for float32 and
+       float16): its largest biased exponent, so |x| < 2^e for every addend; the
+       code of inf/nan if any addend is one; 0 if every addend is -0.0 (or a
+       negative subnormal).
+    2. every rank cuts each addend into words on the grid of e, with magic
+       constants m1 = 1.5·2^(e-B1+52), m2 = m1·2^-B2, whose ulps are the grids:
 
-           bit  e-1                                    e-B        e-2B
-                |<------------- word 1: B bits ------->|<-- word 2 ->|
-         x_a    +--------------------------+
-         x_b              +-----------------------------------+
-         x_c    +-------------+                      (bits below e-2B are cut off)
-                 q1 = trunc(x·2^(B-e))       q2 = trunc(frac·2^B)
+           bit    e-1                          e-B1                   e-B1-B2
+                   |<-------- word 1 --------->|<------- word 2 ------->|
+           x_a     +-----------------------------------+
+           x_b                 +-------------------------------------------+...
+           x_c     +-------+                                       (cut: rounded)
+                   q1 = fl(x + m1) - m1        q2 = fl((x - q1) + m2) - m2
 
-       and the SUM all-reduce of the words runs with the chosen algorithm; any
-       order gives the same integers (int64 addition is exact while the sum fits,
-       B = 62 - ceil(log2 n) bits for n addends; float64 words hold integers
-       below 2^53 exactly, B = 53 - ceil(log2 n)).
-    3. every rank converts the summed words to the float nearest to them.
+       Every q1 is a multiple of 2^(e-B1) below 2^e, every q2 a multiple of
+       2^(e-B1-B2) below 2^(e-B1), both exact in float64, and both sums of n of
+       them stay below 2^53 steps of their grid (B1 = min(51, 53 - k), B2 =
+       min(52, 54 - k), k = ceil(log2 n)): any order of float64 additions of them
+       is exact, so the SUM all-reduce of the words with any algorithm gives the
+       same W1, W2 on every rank. float32 and float16 need word 1 only.
+    3. out = fl(W1 + W2): W1 + W2 is the sum V of the rounded addends, exactly,
+       and this is its only rounding (float32, float16: float32(W1)).
 
-float64 addends take two int64 words (the grid 2^(e-2B)), float32 and float16 one
-float64 word (2^(e-B)). Each item depends only on its own addends and their
-count n (``addends``), never on the rank count, the algorithm, where the addends
-are or the rest of the buffer. The grid also depends on n, the caller's to say
-(`iallreduce_parts`): a plain all-reduce has n = N addends.
+So an item depends only on its own addends and their number n (``addends``),
+never on the rank count, the algorithm, where the addends are or the rest of the
+buffer. Two addends (n <= 2) need no grid: one addition, a + b == b + a in IEEE
+arithmetic, with -0.0 (the exact identity) from ranks that hold none: plain SUM.
+float64 items near the overflow or tiny (e outside ``FAST``) take the same grid
+with the words scaled by 2^-e, so that the magic constants stay normal floats.
 
 Error bound. S the exact sum, R the result, u = 2^-p the unit roundoff (p = 53,
-24, 11), h the last word's grid step (2^(e-2B), or 2^(e-B)). Cutting each addend
-off at h loses less than h; the words' sum V is exact; step 3 rounds V to
-nearest, so
+24, 11), h the last word's grid step. Rounding each addend to the grid loses at
+most h/2; V is exact; one rounding to nearest costs at most u/(1+u)·|V|:
 
-    |R - S| <= u/(1+u)·|S| + (1+u)·n·h
+    |R - S| <= u/(1+u)·|S| + (1+u)·n·h/2          (n <= 2: R = fl(S))
 
-while pairwise summation's bound is γ_k·Σ|x_i|, k = ceil(log2 n), γ_k = ku/(1-ku)
-(Higham, Accuracy and Stability, §4.2). With Σ|x_i| >= 2^(e-1) the second term fits
-into γ_k·Σ|x_i| - u/(1+u)·Σ|x_i| for n <= 2^24 (float64), 2^15 (float32), 2^21
-(float16); larger n are refused. (For n = 2 this is nearly correct rounding: the
-room is 2u²·Σ|x_i|, which is why float64 needs two words.) One addend is exact.
-Results in the subnormal range are exact where the grid reaches them.
+Pairwise summation's bound is γ_k·Σ|x_i|, γ_k = ku/(1-ku) (Higham, "Accuracy and
+Stability of Numerical Algorithms", §4.2). As Σ|x_i| >= 2^(e-1), the second term
+fits into γ_k·Σ|x_i| - u/(1+u)·Σ|x_i| for n up to `most_addends` (2^19 float64,
+2^16 float32, 2^23 float16; `_fits` checks it in rationals); more are refused.
+One addend is itself; subnormal sums are exact where the grid reaches them.
 
 Special values, by fixed rules: a NaN addend gives the canonical quiet NaN, +inf
-with -inf gives NaN, else an infinite addend gives that infinity; an exact zero is
-+0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf. Integer
-dtypes take plain SUM (already exact). EXACT_AVG is the exact sum divided by n,
-rounded once more.
+with -inf gives NaN, else an infinite addend gives that infinity (the words of
+such an item count +inf and -inf addends, NaN counting as both); an exact zero
+is +0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf.
+Integer dtypes take plain SUM (already exact). EXACT_AVG: the exact sum, then
+divided by n (a second rounding, the same everywhere).
 
-Cost (G bytes of float64 on N ranks, algorithm A with cost (rounds, bytes) per
-G): the code pass A(G/4) and the words A(2G): 2.25 times the bytes of SUM and
-twice its rounds; float32: A(G/4) + A(2G), float16: A(G/2) + A(4G). The
-conversions are a few passes over the data, in place in pooled scratch.
+Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes):
+
+    n >= 3:  A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes, 2 x its rounds
+    n <= 2:  A(G)                                          SUM's
+    float32: A(G/4) + A(2G); float16: A(G/2) + A(4G)
+
+plus, per addend, a gather of its code from a table (`code_table`: a strided read)
+and five passes over it (two for float32, float16: one addition and one
+subtraction per word), two gathers of constants per call, and one pass at the
+end, in place in pooled scratch (`Scratch`).
 """
 
 from __future__ import annotations
 
 import sys
+from fractions import Fraction
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
@@ -68,6 +83,7 @@ from .ops import MAX, SUM
 from .schedule import Rounds
 
 LITTLE = sys.byteorder == "little"
+FAST = (-960, 960)  # float64 items whose e lies here take the magic constants (see above)
 
 
 class Grid(NamedTuple):
@@ -75,36 +91,66 @@ class Grid(NamedTuple):
 
     dtype: np.dtype  # the addends'
     code: np.dtype  # the pre-pass code: the biased exponent (uint16, uint8)
-    word: np.dtype  # int64 (float64 addends) or float64 (float32, float16)
-    words: int  # words per item
-    bits: int  # B, bits per word
+    word: np.dtype  # float64, or (n <= 2) the dtype itself
+    words: int  # words per item: 2 (float64), 1
+    B1: int  # bits of word 1: its grid is 2^(e-B1)
+    B2: int  # bits of word 2: its grid is 2^(e-B1-B2) (0: one word)
     top: int  # the code of inf and nan: every exponent bit set
-    mant: int  # mantissa bits stored (52, 23, 10)
     bias: int  # exponent bias (1023, 127, 15)
     addends: int
 
+    @property
+    def plain(self) -> bool:
+        """n <= 2: one rounded addition, the same in any order (see the docstring)."""
+        return self.addends <= 2
 
-LIMIT = {"float64": 24, "float32": 15, "float16": 21}  # log2 of the most addends the bound allows
+
+def _fits(dtype, n: int, bits: int) -> bool:
+    """Does (1+u)·n·h/2 fit into γ_k·Σ|x| - u/(1+u)·Σ|x|, h = 2^(e-bits), Σ|x| >= 2^(e-1)?"""
+    u = Fraction(1, 2 ** (np.finfo(dtype).nmant + 1))
+    k = (n - 1).bit_length()
+    if k * u >= 1:
+        return False
+    room = k * u / (1 - k * u) - u / (1 + u)
+    return (1 + u) * n * Fraction(1, 2 ** (bits + 1)) <= room / 2
+
+
+def _bits(dtype, k: int) -> tuple[int, int]:
+    """B1, B2 for n addends, k = ceil(log2 n) >= 2: the words' sums stay below 2^53 grid
+    steps (exact in float64), and |x| < m1/3 for the magic constants (B1 <= 51, B2 <= 52)."""
+    return min(51, 53 - k), min(52, 54 - k) if dtype == np.float64 else 0
+
+
+@cache
+def most_addends(name: str) -> int:
+    """The most addends (a power of two) for which every n >= 3 up to it meets the bound
+    (the worst n for each k = ceil(log2 n) is 2^k)."""
+    k = 2
+    while _fits(np.dtype(name), 2 ** (k + 1), sum(_bits(np.dtype(name), k + 1))):
+        k += 1
+    return 2 ** k
 
 
 def grid(dtype, addends: int) -> Grid:
     """The grid for `addends` addends of `dtype` (float16, float32 or float64)."""
     dtype = np.dtype(dtype)
-    if dtype.name not in LIMIT:
+    if dtype.name not in ("float64", "float32", "float16"):
         raise TypeError(f"exact sum of {dtype}: only float16, float32 and float64 "
                         "(integers take SUM)")
-    k = max(int(addends) - 1, 0).bit_length()  # ceil(log2 n)
-    if addends < 0 or k > LIMIT[dtype.name]:
-        raise ValueError(f"exact sum of {addends} addends of {dtype}: the error bound holds for "
-                         f"1 to 2^{LIMIT[dtype.name]} addends")
+    n = int(addends)
+    k = max(n - 1, 0).bit_length()  # ceil(log2 n)
     info = np.finfo(dtype)
-    mant, bias = info.nmant, info.maxexp - 1
-    if dtype == np.float64:
-        return Grid(dtype, np.dtype(np.uint16), np.dtype(np.int64), 2, 62 - k, 2047, mant, bias,
-                    addends)
-    top = 2 * info.maxexp - 1
-    return Grid(dtype, np.dtype(np.uint8), np.dtype(np.float64), 1, 53 - k, top, mant, bias,
-                addends)
+    bias, top = info.maxexp - 1, 2 * info.maxexp - 1
+    code = np.dtype(np.uint16 if dtype == np.float64 else np.uint8)
+    if n < 0:
+        raise ValueError(f"exact sum of {n} addends")
+    if n <= 2:
+        return Grid(dtype, code, dtype, 1, 0, 0, top, bias, n)
+    B1, B2 = _bits(dtype, k)
+    if n > most_addends(dtype.name):
+        raise ValueError(f"exact sum of {n} addends of {dtype}: the error bound holds for "
+                         f"up to {most_addends(dtype.name)} addends")
+    return Grid(dtype, code, np.dtype(np.float64), 2 if B2 else 1, B1, B2, top, bias, n)
 
 
 # ------------------------------------------------------------ step 1: the code of each item
@@ -117,118 +163,136 @@ def _top16(x):
     return v[per - 1 :: per] if LITTLE else v[::per]
 
 
-def codes(x, out, tmp16, first: bool) -> None:
-    """out = (first ? code(x) : max(out, code(x))): the biased exponent, except that zero
-    and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and negative
-    subnormals, whose sum is zero only if all are -0.0)."""
-    hi = _top16(x)
-    shift = 16 - (x.itemsize * 8 - np.finfo(x.dtype).nmant - 1)  # 16 - exponent bits
-    np.left_shift(hi, 1, out=tmp16)  # drop the sign
-    dst = out if first else tmp16
-    np.right_shift(tmp16, shift, out=dst, casting="unsafe")
-    np.bitwise_or(dst, hi < (1 << (shift - 1)), out=dst, casting="unsafe")  # +0, +subnormal
-    if not first:
-        np.maximum(out, tmp16, out=out, casting="unsafe")
+@cache
+def code_table(name: str, code: str) -> np.ndarray:
+    """The code of every value of an item's 16 high bits: the biased exponent, except that
+    zero and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and
+    negative subnormals, whose sum is zero only if all are -0.0)."""
+    info = np.finfo(np.dtype(name))
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    hi = np.arange(1 << 16, dtype=np.uint32)
+    biased = (hi & 0x7FFF) >> (shift - 1)  # the sign dropped, the mantissa bits shifted out
+    return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
+
+
+def codes(x, out, tmp, first: bool) -> None:
+    """out = (first ? code(x) : max(out, code(x))), item by item: one gather from a table
+    (`code_table`) indexed by x's 16 high bits, a strided read of x."""
+    table = code_table(x.dtype.name, out.dtype.name)
+    if first:
+        np.take(table, _top16(x), out=out, mode="clip")  # (no bounds check: 2^16 entries)
+    else:
+        mine = tmp.view(out.dtype)[: out.size]
+        np.take(table, _top16(x), out=mine, mode="clip")
+        np.maximum(out, mine, out=out)
 
 
 # ------------------------------------------------------------ step 2: the words
 
 
-def scales(code, g: Grid, kf) -> None:
-    """kf = B - e per item (x·2^kf < 2^B), e from the agreed code; special items: any."""
-    np.maximum(code, 1, out=kf, casting="unsafe")
-    np.subtract(g.bits + g.bias - 1, kf, out=kf)
+def _range(g: Grid) -> tuple[int, int]:
+    """The codes the magic constants serve: float64 those whose e lies in `FAST`."""
+    if g.words == 2:
+        return FAST[0] + g.bias - 1, FAST[1] + g.bias - 1
+    return 1, g.top - 1
 
 
-def to_words(x, kf, w, g: Grid, y, tmp, first: bool) -> None:
-    """w (+)= the words of addend `x` on the grid (`kf`), item by item; y, tmp: scratch."""
-    if g.words == 1:  # one float64 word: trunc(x·2^(B-e)), an integer below 2^B
-        dst = w if first else y
-        np.ldexp(x, kf, out=dst, signature=(np.float64, np.int64, np.float64))
-        np.trunc(dst, out=dst)
-        if not first:
-            np.add(w, y, out=w)
+@cache
+def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """m1 and m2 for every code: 1.5·2^(e-B1+52) and that times 2^-B2 (codes outside
+    `_range` get their nearest's: their words are made apart, in `extremes`)."""
+    lo, hi = _range(g)
+    e = np.clip(np.arange(g.top + 1), lo, hi) - (g.bias - 1)
+    m1 = np.ldexp(1.5, e - g.B1 + 52)
+    return m1, m1 * 2.0 ** -g.B2
+
+
+def magics(code, g: Grid, m1, m2) -> np.ndarray:
+    """m1, m2 per item from the agreed codes (`magic_tables`: one gather each); returns the
+    float64 items outside `FAST`, whose words `extremes` makes."""
+    t1, t2 = magic_tables(g)
+    np.take(t1, code, out=m1, mode="clip")  # (codes are in range: no check)
+    if g.words == 1:
+        return np.zeros(0, np.intp)
+    np.take(t2, code, out=m2, mode="clip")
+    lo, hi = _range(g)
+    return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
+
+
+def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
+    """w1 (+)= x rounded to the grid of m1; w2 (+)= the rest rounded to the grid of m2.
+
+    fl(x + m1) - m1 is x rounded to a multiple of ulp(m1) (|x| < m1/3: the sum stays in
+    m1's binade), exactly; x minus it is exact too. All float64 (x: converted on the way).
+    """
+    q1 = w1 if first else tmp
+    np.copyto(q1, x)
+    if not first:
+        np.add(w1, q1, out=w1)
+    if w2 is None:
         return
-    w1, w2 = w[0::2], w[1::2]
-    np.ldexp(x, kf, out=y)  # exact: a power of two, |y| < 2^B
-    d1, d2 = (w1, w2) if first else (tmp, tmp)
-    np.copyto(d1, y, casting="unsafe")  # q1 = trunc(y), at most 53 bits: exact as a float
-    np.subtract(y, d1, out=y)  # the fraction, exact
+    q2 = w2 if first else tmp
+    np.subtract(x, q1, out=q2)  # the rest, |r| <= ulp(m1)/2
+    np.add(q2, m2, out=q2)
+    np.subtract(q2, m2, out=q2)
     if not first:
-        np.add(w1, tmp, out=w1)
-    np.multiply(y, float(2 ** g.bits), out=d2, casting="unsafe")  # q2 = trunc(frac·2^B)
-    if not first:
-        np.add(w2, tmp, out=w2)
+        np.add(w2, q2, out=w2)
 
 
-def specials(parts, code, w, g: Grid) -> np.ndarray:
+def extremes(parts, idx, code, g: Grid, w1, w2) -> None:
+    """The float64 items with e outside `FAST` (near the overflow, or tiny): their words
+    scaled by 2^-e (exact), the same grids, so sums cannot overflow nor drop to subnormals."""
+    e = np.maximum(code[idx], 1).astype(np.int64) - (g.bias - 1)
+    m1, m2 = 1.5 * 2.0 ** (52 - g.B1), 1.5 * 2.0 ** (52 - g.B1 - g.B2)
+    s1, s2 = np.zeros(idx.size), np.zeros(idx.size)
+    for x in parts:
+        y = np.ldexp(x[idx], -e)
+        q1 = (y + m1) - m1
+        s1 += q1
+        s2 += ((y - q1) + m2) - m2
+    w1[idx], w2[idx] = s1, s2
+
+
+def specials(parts, code, w1, w2, g: Grid) -> np.ndarray:
     """Items with an inf or nan addend somewhere: their words count +inf and -inf (nan
     counts as both). Returns their indices."""
     idx = np.flatnonzero(code == g.top)
     if idx.size == 0:
         return idx
-    plus = np.zeros(idx.size, np.int64)
-    minus = np.zeros(idx.size, np.int64)
+    plus, minus = np.zeros(idx.size), np.zeros(idx.size)
     for x in parts:
         xs = x[idx]
         nan = np.isnan(xs)
         plus += (xs == np.inf) | nan
         minus += (xs == -np.inf) | nan
-    if g.words == 2:
-        w[2 * idx], w[2 * idx + 1] = plus, minus
+    if w2 is not None:
+        w1[idx], w2[idx] = plus, minus
     else:
-        w[idx] = plus + minus * float(1 << 24)
+        w1[idx] = plus + minus * float(1 << 24)
     return idx
 
 
 # ------------------------------------------------------------ step 3: back to floats
 
 
-def from_words(w, code, kf, out, g: Grid, a, b) -> None:
-    """out = the float nearest to the summed words (kf: as `scales` left it; a, b: int64
-    scratch of out's size). Specials and -0.0 are set afterwards (`finish`)."""
-    if g.words == 1:  # V·2^(e-B) is exact in float64; one rounding to out's dtype
-        np.negative(kf, out=kf)
-        np.ldexp(w, kf, out=out, casting="unsafe", signature=(np.float64, np.int64, np.float64))
-        return
-    t1, t2 = w[0::2], w[1::2]
-    B = g.bits
-    # carry: V = t1·2^B + t2 with 0 <= t2 < 2^B
-    np.right_shift(t2, B, out=a)
-    np.add(t1, a, out=t1)
-    np.left_shift(a, B, out=a)
-    np.subtract(t2, a, out=t2)
-    # s: how far t1 shifts left so that Z = floor(V / 2^(B-s)) holds about 61 bits
-    np.right_shift(t1, 63, out=a)
-    np.bitwise_xor(a, t1, out=a)  # m = |t1|, or |t1| - 1 if negative (-1 -> 0: V fits)
-    f = out.view(np.int64)
-    np.copyto(out, a, casting="unsafe")  # float(m) (m >= 0)
-    np.right_shift(f, 52, out=a)  # its biased exponent: 1023 + floor(log2 m), 0 for m = 0
-    np.subtract(1083, a, out=a)  # 61 - bit length
-    np.clip(a, 0, B, out=a)  # s
-    np.left_shift(t1, a, out=t1)
-    np.subtract(B, a, out=b)  # B - s: the bits of t2 below Z
-    np.add(kf, a, out=kf)  # kf + s: Z·2^-(kf+s) is the value
-    np.left_shift(1, b, out=a)
-    np.subtract(a, 1, out=a)
-    np.bitwise_and(a, t2, out=a)  # the bits cut off ...
-    np.right_shift(t2, b, out=t2)
-    np.add(t1, t2, out=t1)
-    np.not_equal(a, 0, out=b, casting="unsafe")
-    np.bitwise_or(t1, b, out=t1)  # ... as a sticky bit: Z is V rounded to odd, >= 55 bits
-    np.negative(kf, out=kf)
-    # one rounding to nearest: Z rounded to odd first keeps it the rounding of V
-    np.ldexp(t1, kf, out=out, signature=(np.float64, np.int64, np.float64))
-
-
-def special_values(w, g: Grid, idx):
-    """The results of the special items `idx`, from their summed words (before
-    `from_words`, which reuses the words): nan, +inf or -inf."""
-    if g.words == 2:
-        plus, minus = w[2 * idx] > 0, w[2 * idx + 1] > 0
+def special_values(w1, w2, idx):
+    """The results of the special items `idx`, from their summed words: nan, +inf or -inf."""
+    if w2 is not None:
+        plus, minus = w1[idx] > 0, w2[idx] > 0
     else:
-        plus, minus = np.fmod(w[idx], 1 << 24) > 0, w[idx] >= (1 << 24)
+        plus, minus = np.fmod(w1[idx], 1 << 24) > 0, w1[idx] >= (1 << 24)
     return np.where(plus & minus, np.nan, np.where(plus, np.inf, -np.inf))
+
+
+def from_words(w1, w2, out, code, g: Grid, scaled) -> None:
+    """out = the float nearest to the summed words: one rounding of an exact value."""
+    if w2 is None:
+        np.copyto(out, w1, casting="same_kind")
+        return
+    np.add(w1, w2, out=out)  # W1 + W2 is V exactly; fl() of it is the only rounding
+    if scaled.size:
+        e = np.maximum(code[scaled], 1).astype(np.int64) - (g.bias - 1)
+        out[scaled] = np.ldexp(w1[scaled] + w2[scaled], e)
 
 
 def finish(code, out, g: Grid, idx, values, average: bool) -> None:
@@ -248,30 +312,38 @@ def finish(code, out, g: Grid, idx, values, average: bool) -> None:
 
 
 class Scratch(NamedTuple):
-    """Pooled arrays of one exact collective (count items)."""
+    """Pooled arrays of one exact collective of `count` items."""
 
-    code: object  # count, the code dtype
+    code: object  # count, the code dtype (n <= 2: none)
     code_tmp: object  # the MAX algorithm's tmp, code dtype
     tmp16: object  # count, uint16
-    words: object  # count·words
+    words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
     words_tmp: object  # the SUM algorithm's tmp, word dtype
-    kf: object  # count, int64
-    y: object  # count, float64
-    a: object  # count, int64
-    b: object  # count, int64
+    m1: object  # count, float64: the magic constants of the two grids
+    m2: object
+    y: object  # count, float64: a word of the second, third ... part; codes' scratch
 
 
 def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
-    take = pool.take
+    def take(dt, items):
+        return pool.take(np.empty(0, dt), items)
 
-    def like(dt):
-        return np.empty(0, dt)
+    grid_items = 0 if g.plain else count
+    return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
+                   take(np.uint16, grid_items), take(g.word, count * g.words),
+                   take(g.word, word_items), take(np.float64, grid_items),
+                   take(np.float64, grid_items if g.words == 2 else 0),
+                   take(np.float64, grid_items))
 
-    return Scratch(take(like(g.code), count), take(like(g.code), code_items),
-                   take(like(np.uint16), count), take(like(g.word), count * g.words),
-                   take(like(g.word), word_items), take(like(np.int64), count),
-                   take(like(np.float64), count), take(like(np.int64), count),
-                   take(like(np.int64), count))
+
+def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
+    """Items lo..hi of word 1 and word 2 (None: one word) as views of W."""
+    if g.words == 1:
+        return W[lo:hi], None
+    if interleaved:
+        return W[2 * lo : 2 * hi : 2], W[2 * lo + 1 : 2 * hi : 2]
+    count = W.size // 2
+    return W[lo:hi], W[count + lo : count + hi]
 
 
 def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
@@ -279,43 +351,67 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
     """The three passes as one generator of rounds (see the module docstring).
 
     Args:
-        parts: this rank's addends, arrays of out's size and dtype (any number).
+        parts: this rank's addends, arrays of out's size and dtype (any number). They
+            may include `out`: every part is read before out is written.
         out: the result (all-reduce); with `reduce_scatter` (the blocks of the items),
             this rank's block of it.
         code_algo, word_algo: the all-reduce (or reduce-scatter) generators for the
             MAX pass and the SUM pass, ``(comm, buf, blocks, op, tmp)``.
     """
     n, rank = comm.Get_size(), comm.Get_rank()
-    count = s.code.size
-    code = s.code
-    if not parts:
-        code[...] = 0
-    for i, x in enumerate(parts):
-        codes(x, code, s.tmp16, i == 0)
-    yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
-    kf, w = s.kf, s.words
-    scales(code, g, kf)
-    if not parts:
-        w[...] = 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        for i, x in enumerate(parts):
-            to_words(x, kf, w, g, s.y, s.a, i == 0)
-    idx = specials(parts, code, w, g)
-    if reduce_scatter is None:
-        yield from word_algo(comm, w, Blocks.even(count * g.words, n), SUM, s.words_tmp)
-        lo, hi = 0, count
+    W = s.words
+    count = W.size // g.words
+    rs = reduce_scatter is not None
+    if g.plain:  # one addition: a + b == b + a; ranks without addends add -0.0
+        if not rs and not any(np.may_share_memory(x, out) for x in parts[1:]):
+            W = out  # the all-reduce runs in out itself (in place: no copy at all)
+        if not parts:
+            W[...] = -0.0
+        elif parts[0] is not W:
+            np.copyto(W, parts[0])
+        for x in parts[1:]:
+            np.add(W, x, out=W)
     else:
-        wb = Blocks([c * g.words for c in reduce_scatter.counts])
-        yield from word_algo(comm, w, wb, SUM, s.words_tmp)
+        code = s.code
+        if not parts:
+            code[...] = 0  # MAX's identity
+        for i, x in enumerate(parts):
+            codes(x, code, s.tmp16, i == 0)
+        yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
+        w1, w2 = _words(W, g, rs, 0, count)
+        m2 = s.m2 if g.words == 2 else None
+        scaled = magics(code, g, s.m1, m2)
+        if not parts:
+            W[...] = 0
+        with np.errstate(invalid="ignore", over="ignore"):
+            for i, x in enumerate(parts):
+                to_words(x, s.m1, m2, w1, w2, s.y, i == 0)
+            if scaled.size:
+                extremes(parts, scaled, code, g, w1, w2)
+        special = specials(parts, code, w1, w2, g)
+    if rs:
+        yield from word_algo(comm, W, Blocks([c * g.words for c in reduce_scatter.counts]),
+                             SUM, s.words_tmp)
         lo = reduce_scatter.displs[rank]
         hi = lo + reduce_scatter.counts[rank]
-    span = slice(lo, hi)
-    w, code, kf = w[lo * g.words : hi * g.words], code[span], kf[span]
-    y = s.y[: hi - lo] if out.dtype != np.float64 else out
-    idx = idx[(idx >= lo) & (idx < hi)] - lo
-    values = special_values(w, g, idx) if idx.size else None
+    else:
+        yield from word_algo(comm, W, Blocks.even(W.size, n), SUM, s.words_tmp)
+        lo, hi = 0, count
+    if g.plain:
+        if W is not out:
+            np.copyto(out, W[lo:hi])
+        with np.errstate(invalid="ignore", over="ignore"):
+            suspect = np.isnan(np.add.reduce(out))  # one read: NaN if any item is NaN
+        if suspect:
+            out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
+        if average and g.addends > 1:
+            np.true_divide(out, g.addends, out=out)
+        return
+    w1, w2 = _words(W, g, rs, lo, hi)
+    code = code[lo:hi]
+    special = special[(special >= lo) & (special < hi)] - lo
+    scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
+    values = special_values(w1, w2, special) if special.size else None
     with np.errstate(invalid="ignore", over="ignore"):
-        from_words(w, code, kf, y, g, s.a[: hi - lo], s.b[: hi - lo])
-        if y is not out:
-            np.copyto(out, y, casting="unsafe")
-    finish(code, out, g, idx, values, average)
+        from_words(w1, w2, out, code, g, scaled)
+    finish(code, out, g, special, values, average)
