@@ -226,7 +226,8 @@ def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
     m1's binade), exactly; x minus it is exact too. All float64 (x: converted on the way).
     """
     q1 = w1 if first else tmp
-    np.copyto(q1, x)
+    np.add(x, m1, out=q1)
+    np.subtract(q1, m1, out=q1)
     if not first:
         np.add(w1, q1, out=w1)
     if w2 is None:
@@ -321,7 +322,7 @@ class Scratch(NamedTuple):
     words_tmp: object  # the SUM algorithm's tmp, word dtype
     m1: object  # count, float64: the magic constants of the two grids
     m2: object
-    y: object  # count, float64: a word of the second, third ... part; codes' scratch
+    y: object  # count, float64: a word of the second, third ... part
 
 
 def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
