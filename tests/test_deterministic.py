@@ -307,12 +307,11 @@ def test_the_trainer_leaves_the_same_checkpoint_on_1_2_3_and_4_ranks(mpi_ranks, 
               "--max-steps", "3", "--global-batch", "60", "--hidden", "32", "--progress",
               "never"]
     for algorithm in ("auto", "ring", "rabenseifner", "recursive_doubling"):
-        paths = {}
+        paths = {k: os.path.join(shared_dir, f"{algorithm}-{k}.npz") for k in (1, 2, 3, 4)}
         for colors in ([0, 0, 0, 0], [0, 1, 1, 1], [0, 0, 1, 1]):
             comm = world.Split(colors[rank], rank)
-            k = comm.Get_size()
-            paths[k] = os.path.join(shared_dir, f"{algorithm}-{k}.npz")
-            run_trainer(comm, [*common, "--algorithm", algorithm, "--checkpoint", paths[k]])
+            path = paths[comm.Get_size()]
+            run_trainer(comm, [*common, "--algorithm", algorithm, "--checkpoint", path])
             comm.Free()
         world.Barrier()  # every checkpoint is written
         states = {k: read(p) for k, p in sorted(paths.items())}
