@@ -246,7 +246,6 @@ def test_two_blas_threads_mkl_without_cbwr_and_gpu_arrays_are_refused(monkeypatc
     fake_blas(monkeypatch, num_threads=2)
     with pytest.raises(RuntimeError, match="one BLAS thread.*runs 2"):
         DataParallel(model, comm, deterministic=True)
-    DataParallel(model, comm).close()  # the default mode does not care
     fake_blas(monkeypatch, internal_api="mkl")
     monkeypatch.delenv("MKL_CBWR", raising=False)
     with pytest.raises(RuntimeError, match="MKL_CBWR"):
