@@ -20,7 +20,12 @@ from .checks import check_buffer
 from .comm import Comm, duplicate
 from .completion import testall, waitall
 from .counting import CountingComm
-from .exact import allreduce_parts, iallreduce_parts, sum_parts
+from .exact import (
+    allreduce_parts,
+    iallreduce_parts,
+    ireduce_scatter_parts,
+    sum_parts,
+)
 from .ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .persistent import (
     Persistent,
@@ -39,6 +44,6 @@ __all__ = [
     "ScratchPool", "TAG_BASE", "allgather", "allgather_init", "allgatherv_init", "allreduce",
     "allreduce_init", "allreduce_parts", "as_host", "bcast", "bcast_init", "check_algorithm",
     "check_buffer", "duplicate", "iallgather", "iallreduce", "iallreduce_parts", "ibcast",
-    "ireduce_scatter", "reduce_scatter", "reduce_scatter_block_init", "reduce_scatter_init",
-    "resolve_op", "sum_parts", "testall", "waitall",
+    "ireduce_scatter", "ireduce_scatter_parts", "reduce_scatter", "reduce_scatter_block_init",
+    "reduce_scatter_init", "resolve_op", "sum_parts", "testall", "waitall",
 ]

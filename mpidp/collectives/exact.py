@@ -256,3 +256,35 @@ def sum_parts(parts, out, *, average: bool = False) -> None:
     """The local exact sum of `parts` into `out`: `allreduce_parts` on ``MPI.COMM_SELF``."""
     parts = list(parts)
     allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average)
+
+
+@planned
+def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
+                  average: bool = False) -> Plan:
+    """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
+    blocks = Blocks(counts)
+    if len(blocks.counts) != call.comm.Get_size():
+        raise ValueError(f"need one count per rank ({call.comm.Get_size()}), got "
+                         f"{len(blocks.counts)}")
+    mine = blocks.counts[call.comm.Get_rank()]
+    check_buffer(out, "out", writable=True)
+    if out.size != mine:
+        raise ValueError(f"out holds {out.size} items, this rank's block {mine}")
+    whole = array_module(out).empty(blocks.total, dtype=out.dtype)  # only for the checks
+    parts = _check_parts(parts, whole)
+    if out.dtype.kind not in "f":
+        raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
+                      int(addends), blocks)
+
+
+def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: str = "auto",
+                          average: bool = False, **kw) -> Request:
+    """Start the exact sum over all ranks of all `parts`, rank r getting block r into `out`.
+
+    As `iallreduce_parts`, with the result scattered: block r (``counts[r]`` items, the
+    blocks packed in rank order) is rank r's `out`. `out` may be the front of one of the
+    parts (an in-place reduce-scatter's place): the parts are read before it is written.
+    `algorithm` is a reduce-scatter name (``"ring"``, ``"recursive_halving"``, ``"auto"``).
+    """
+    return plan_parts_rs(comm, parts, out, counts, addends, algorithm, average, **kw).start()
