@@ -320,3 +320,40 @@ def test_the_trainer_leaves_the_same_checkpoint_on_1_2_3_and_4_ranks(mpi_ranks, 
         for k in (2, 3, 4):
             for name in names:
                 assert np.array_equal(states[k][name], states[1][name]), (algorithm, k, name)
+
+
+def gpt_trainer():
+    """examples/train_gpt.py as a module (the examples folder is not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_gpt.py")
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.mpi(ranks=[4], timeout=240)
+def test_the_gpt_trainer_leaves_the_same_checkpoint_on_1_3_and_4_ranks(mpi_ranks, shared_dir):
+    """`train_gpt.py --deterministic` (a tiny GPT, its tied embedding included): the 4-rank
+    world, then 1 + 3 ranks side by side; parameters and AdamW's state bitwise equal."""
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    module = gpt_trainer()
+    common = ["--deterministic", "--dtype", "float32", "--max-steps", "3", "--global-batch",
+              "12", "--layers", "1", "--width", "16", "--heads", "2", "--context", "8",
+              "--corpus-mb", "0.25", "--eval-every", "100", "--progress", "never"]
+    paths = {k: os.path.join(shared_dir, f"gpt-{k}.npz") for k in (1, 3, 4)}
+    for colors in ([0, 0, 0, 0], [0, 1, 1, 1]):
+        comm = world.Split(colors[rank], rank)
+        args = module.parse_args([*common, "--checkpoint", paths[comm.Get_size()]])
+        with watchdog.guard("auto", "training") as dog, threadpool_limits(1, user_api="blas"):
+            assert module.train(args, comm, dog) == 0
+        comm.Free()
+    world.Barrier()  # every checkpoint is written
+    states = {k: read(p) for k, p in sorted(paths.items())}
+    names = [n for n in states[1] if n.startswith(("param/", "optim/"))]
+    assert any(n.startswith("optim/") for n in names), list(states[1])
+    for k in (3, 4):
+        for name in names:
+            assert np.array_equal(states[k][name], states[1][name]), (k, name)
