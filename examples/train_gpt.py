@@ -88,7 +88,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     n_train = data.sequences(text.train, T)
     n_val = min(data.sequences(text.val, T), args.eval_tokens // T or 1)
     val_seqs = np.arange(rank, n_val, size)  # my share of the held-out samples
-    try:
+    try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
+        A = trainer.micro_batches(args, size)
         sampler = ShardSampler(n_train, args.global_batch, rank, size, args.seed, A)
     except ValueError as e:
         problem = problem or f"--global-batch: {e}"
@@ -175,7 +176,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                 with ddp.no_sync() if a < A - 1 else nullcontext():
                     logits = ddp.forward(model.xp.asarray(x))  # (b, T, V)
                     loss, dlogits = token_cross_entropy(logits, model.xp.asarray(y))
-                    if A > 1:
+                    if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
                         dlogits /= A  # the mean over A micro-batches of b = mean over A*b
                     ddp.backward(dlogits)
                 since["loss"] += loss / A

@@ -5,10 +5,13 @@
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
     mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
+    mpiexec -n 3 python examples/train_mlp.py --deterministic   # the bits of 1 rank
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
 on each), so the same --global-batch and --seed give the same training whatever
-the number of ranks. Rank 0 prints one line per epoch and writes --metrics.
+the number of ranks: to rounding by default, bitwise with --deterministic (the
+global batch cut into micro-shards of --micro-batch samples, summed exactly).
+Rank 0 prints one line per epoch and writes --metrics.
 
 A bad flag or MPIDP_* variable, an output path rank 0 cannot write (or two of
 --metrics, --trace, --checkpoint naming one file: mpidp.training.outputs), an
@@ -61,13 +64,14 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     problem = trainer.problems(args, rank)
     xp = array_module(args.device)
     ds = data.digits(seed=args.seed) if args.data == "digits" else data.synthetic(seed=args.seed)
+    trainer.blas_threads(args.blas_threads)  # again: scikit-learn has loaded a BLAS of its own
     dtype = np.dtype(args.dtype)
     x_train, y_train = xp.asarray(ds.x_train.astype(dtype)), xp.asarray(ds.y_train)
     x_test, y_test = ds.x_test[rank::size].astype(dtype), ds.y_test[rank::size]  # my test shard
     x_test, y_test = xp.asarray(x_test), xp.asarray(y_test)
-    try:
-        sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed,
-                               args.accum_steps)
+    try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
+        A = trainer.micro_batches(args, size)
+        sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed, A)
     except ValueError as e:
         problem = problem or f"--global-batch: {e}"
     sizes = [ds.features, *args.hidden, ds.classes]
@@ -98,7 +102,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
               f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
-              f"{args.accum_steps} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch")
+              f"{A} x {sampler.local_batch}, {sampler.steps_per_epoch} steps/epoch"
+              + (", deterministic" if args.deterministic else ""))
         if start_epoch or start_step:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
     metrics = None
@@ -111,7 +116,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
 
     save = trainer.Saver(args, ddp, opt, rank)
 
-    A, stop = args.accum_steps, False
+    stop = False
     for epoch in range(start_epoch, args.epochs):
         batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
         first = start_step if epoch == start_epoch else 0
@@ -133,7 +138,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                     logits = ddp.forward(x)  # (b, C)
                     t1 = time.perf_counter()
                     loss, dlogits = softmax_cross_entropy(logits, y)
-                    if A > 1:
+                    if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
                         dlogits /= A  # the mean over A micro-batches of b = mean over A*b
                     ddp.backward(dlogits)
                 stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),

@@ -255,6 +255,9 @@ def _entry(e: list, frames) -> dict:
         d["collective"] = e[SIGNED].collective
         d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)
                   for k, v in e[SIGNED].description.items()})
+    failed = getattr(e[REQUEST], "error", None)  # the I-form's own work raised as it ran
+    if failed is not None and e[ERROR] is None:
+        d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
     if e[ERROR] is not None:
         d["error"] = e[ERROR]
     if e[STATE] in (PLANNED, STARTED, TIMED_OUT):

@@ -8,6 +8,7 @@ order that differs per rank, and compare every result with the MPI library's.
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -329,3 +330,265 @@ def test_debug_check_names_every_ranks_value_whatever_the_length(mpi_ranks):
     y = np.empty(10)
     mpidp.allreduce(comm, np.ones(10), y)
     assert np.array_equal(y, np.full(10, n))
+
+
+# ------------------------------------------------- the agreement check comes before anything
+
+def _algorithm_cases(algorithm: str, n: int):
+    """(what, call) pairs: each collective, through the functions, mpidp.Comm and *_init."""
+    x, y = np.ones(2 * n), np.empty(2 * n)
+
+    def persistent(c):
+        mpidp.allreduce_init(c, x, y, algorithm=algorithm).Free()
+
+    return [
+        ("allreduce", lambda c: mpidp.allreduce(c, x, y, algorithm=algorithm)),
+        ("reduce_scatter", lambda c: mpidp.reduce_scatter(c, x, y[:2], algorithm=algorithm)),
+        ("allgather", lambda c: mpidp.iallgather(c, x[:2], y, algorithm=algorithm).wait()),
+        ("bcast", lambda c: mpidp.bcast(c, y, algorithm="binomial" if algorithm == "ring"
+                                        else algorithm)),
+        ("mpidp.Comm", lambda c: mpidp.Comm(c, algorithm).Allreduce(x, y)),
+        ("allreduce_init", persistent),
+    ]
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_debug_check_compares_the_algorithm_as_passed_before_auto_sets_up(mpi_ranks):
+    """``auto`` on rank 0 and ``ring`` on the others: with MPIDP_DEBUG=1 every rank raises.
+
+    auto's set-up is collective (the cost model's calibration, the placement query),
+    so a check made after it hung: rank 0 calibrated alone. The check compares what
+    was passed, so ``auto`` against ``ring`` differs even where auto would pick the ring.
+    """
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    assert checks.debug_enabled(), "the suite runs with MPIDP_DEBUG=1 (tests/conftest.py)"
+    algorithm = "auto" if rank == 0 else "ring"
+    for what, call in _algorithm_cases(algorithm, n):
+        comm = world.Dup()  # no model, no placement yet: auto would set both up here
+        with pytest.raises(ValueError, match="ranks disagree") as info:
+            call(comm)
+        message = str(info.value)
+        assert "rank 0:" in message and "algorithm=auto" in message, (what, message)
+        assert message.count("algorithm=auto") == 1, (what, message)
+        assert state.state(comm).model is None, f"{what}: auto set up before the check"
+        assert world.allgather(message) == [message] * n  # the same error on every rank
+        x, y = np.arange(3.0), np.empty(3)
+        mpidp.allreduce(comm, x, y, algorithm="ring")  # still in step
+        assert np.array_equal(y, n * x)
+        comm.Free()
+
+
+def test_timeout_message_names_what_is_left_to_look_at():
+    """The deadline's message suggests MPIDP_DEBUG=1 only where it is off; where it is on,
+    the arguments were compared, and it says what else stalls a collective."""
+    before = checks.debug_enabled()
+    buf = np.empty(1)
+    try:
+        for debug in (False, True):
+            checks.set_debug(debug)
+            req = MPI.COMM_SELF.Irecv(buf, 0, 3)  # no message will come
+            with pytest.raises(TimeoutError) as info:
+                mpidp.waitall([req], timeout=0.05)
+            req.Cancel()
+            req.Wait()
+            message = str(info.value)
+            assert ("MPIDP_DEBUG=1 checks" in message) is not debug, message
+            if debug:
+                assert "two threads" in message and "raised" in message, message
+    finally:
+        checks.set_debug(before)
+
+
+# ------------------------------------------------- two threads starting collectives at once
+
+class Mirror:
+    """Rank 0 of 2 in one process: every message to or from rank 1 is to or from itself,
+    so an all-reduce gives twice the input. Once `hold` is set, its first exchange waits
+    for `go`: the collective stays in its start until the test lets it out."""
+
+    def __init__(self, comm):
+        self.comm, self.hold, self.go, self.inside = comm, False, threading.Event(), \
+            threading.Event()
+
+    def Get_size(self):  # noqa: N802
+        return 2
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        if self.hold:
+            self.inside.set()
+            assert self.go.wait(10)
+        return self.comm.Sendrecv(sendbuf, 0, sendtag, recvbuf, 0, recvtag)
+
+    def Isend(self, buf, dest, tag):  # noqa: N802
+        return self.comm.Isend(buf, 0, tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        return self.comm.Irecv(buf, 0, tag)
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+
+def test_two_threads_starting_collectives_at_once_raise_with_debug():
+    """MPIDP_DEBUG=1: a thread that starts a collective on a communicator while another
+    thread is starting one there raises, naming both; one after the other is fine."""
+    before = checks.debug_enabled()
+    checks.set_debug(True)
+    try:
+        comm = Mirror(MPI.COMM_SELF.Dup())
+        x, y, errors = np.ones(4), np.empty(4), []
+        mpidp.allreduce(comm, x, y, algorithm="ring")  # the mirror works: twice the input
+        assert np.array_equal(y, 2 * x)
+        comm.hold, y[:] = True, 0
+
+        def second():
+            try:
+                mpidp.allreduce(comm, x, np.empty(4), algorithm="ring")
+            except RuntimeError as e:
+                errors.append(e)
+            finally:
+                comm.go.set()
+
+        first = threading.Thread(target=lambda: mpidp.allreduce(comm, x, y, algorithm="ring"),
+                                 name="first-starter")
+        first.start()
+        assert comm.inside.wait(10)  # first is in its start (its agreement check)
+        t = threading.Thread(target=second, name="second-starter")
+        t.start()
+        t.join(10)
+        first.join(10)
+        assert len(errors) == 1, errors
+        assert "first-starter" in str(errors[0]) and "second-starter" in str(errors[0])
+        assert np.array_equal(y, 2 * x)  # the first one completed, undisturbed
+        # one thread after the other: not at once, no error (the program orders them)
+        for name in ("later-a", "later-b"):
+            t = threading.Thread(target=mpidp.allreduce, args=(comm, x, y),
+                                 kwargs={"algorithm": "ring"}, name=name)
+            t.start()
+            t.join(10)
+        # a start that starts another on its own thread: Reduce_scatter gathers its counts
+        y2 = np.zeros(2)
+        mpidp.Comm(comm, "ring").Reduce_scatter(np.ones(4), y2)
+        assert np.array_equal(y2, [2.0, 2.0])
+        assert not state.state(comm)._busy
+        comm.comm.Free()
+    finally:
+        checks.set_debug(before)
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline(mpi_ranks,
+                                                                            monkeypatch):
+    """On rank 0 a second thread starts a collective while the main thread's is in flight:
+    it raises there, naming both threads; the other ranks, which wait for rank 0's second
+    collective, end at MPIDP_TIMEOUT with a message that points at such a rank."""
+    from mpidp.collectives import completion
+
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    assert checks.debug_enabled()
+    comm = world.Dup()
+    x, y = np.full(4, float(rank + 1)), np.empty(4)
+    want = np.full(4, n * (n + 1) / 2)
+    if rank == 0:
+        errors = []
+
+        def intruder():
+            time.sleep(0.3)  # the main thread is in its all-reduce: the others wait for us
+            try:
+                mpidp.allreduce(comm, x, np.empty(4), algorithm="ring")
+            except RuntimeError as e:
+                errors.append(e)
+            for r in range(1, n):
+                world.send("go", dest=r, tag=77)
+
+        t = threading.Thread(target=intruder, name="intruder")
+        t.start()
+        mpidp.allreduce(comm, x, y, algorithm="ring")
+        t.join()
+        assert len(errors) == 1, errors
+        assert "intruder" in str(errors[0]) and "MainThread" in str(errors[0]), errors[0]
+    else:
+        assert world.recv(source=0, tag=77) == "go"
+        mpidp.allreduce(comm, x, y, algorithm="ring")  # the main thread's all-reduce of rank 0
+    assert np.array_equal(y, want)
+    world.Barrier()
+    if rank != 0:  # the all-reduce the intruder never made, with a deadline
+        monkeypatch.setattr(completion, "_default_timeout", 1.0)
+        with pytest.raises(TimeoutError, match="two threads"):
+            mpidp.allreduce(comm, x, y, algorithm="ring")
+    world.Barrier()  # (comm keeps the stalled messages: never used again)
+
+
+# ------------------------------------------------- a collective that raises while it runs
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_a_collective_that_raises_while_it_runs_gives_its_slot_back(mpi_ranks):
+    """An overflow raised inside a reduction (``np.errstate(over="raise")``), on every rank
+    alike: the slot goes back, and 5000 correct collectives follow (a leaked slot made
+    exactly the 4096th later one raise that 4096 collectives were in flight). The ring:
+    every rank reduces in its first round, so all fail alike and stay in step."""
+    world = MPI.COMM_WORLD
+    n = world.Get_size()
+    comm = world.Dup()
+    huge = np.full(2 * n, np.finfo(np.float64).max)
+    failures = [
+        lambda: mpidp.allreduce(comm, huge, np.empty_like(huge), algorithm="ring"),
+        lambda: mpidp.iallreduce(comm, huge, np.empty_like(huge), algorithm="ring").wait(),
+        lambda: mpidp.Comm(comm).Allreduce(huge, np.empty_like(huge), algorithm="ring"),
+        lambda: mpidp.reduce_scatter(comm, huge, np.empty(2), algorithm="ring"),
+    ]
+    for fail in failures:
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+            fail()
+    req = mpidp.iallreduce(comm, huge, np.empty_like(huge), algorithm="ring")
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        req.wait()
+    with pytest.raises(RuntimeError, match="failed earlier"):  # never reported complete
+        req.wait()
+    x, y = np.ones(1), np.empty(1)
+    before = checks.debug_enabled()
+    checks.set_debug(False)  # (time: the check's own exchange would double each call)
+    try:
+        for k in range(5000):
+            if k % 2:
+                mpidp.allreduce(comm, x, y, algorithm="ring")
+            else:
+                mpidp.iallreduce(comm, x, y, algorithm="recursive_doubling").wait()
+            assert y[0] == n, k
+    finally:
+        checks.set_debug(before)
+    assert not state.state(comm)._busy, "a failed collective kept its slot"
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_a_persistent_collective_whose_start_raises_can_start_again(mpi_ranks):
+    """A start that raises (recorded, or replayed) fails: Wait raises again, it is no
+    longer active, the next start runs it whole (a run recorded part way is not
+    replayed), and Free works."""
+    comm = MPI.COMM_WORLD.Dup()
+    huge = np.full(2 * comm.Get_size(), np.finfo(np.float64).max)
+    out = np.empty_like(huge)
+    req = mpidp.allreduce_init(comm, huge, out, algorithm="ring")
+    for start in ("recorded", "replayed"):
+        req.Start()
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+            req.Wait()
+        with pytest.raises(RuntimeError, match="failed earlier"):
+            req.Wait()
+        with pytest.raises(RuntimeError, match="failed earlier"):
+            req.Test()
+        assert (req.request is req.replay) == (start == "replayed"), start
+        out[:] = 0
+        req.Start()  # failed, so not active: it starts again, whole
+        req.Wait()
+        assert np.all(np.isinf(out)), (start, out)
+    assert req.request is req.replay, "a complete recorded run is replayed"
+    req.Free()
+    comm.Free()

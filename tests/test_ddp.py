@@ -4,12 +4,14 @@ Every multi-rank test computes the 1-rank reference inside the same job, on ever
 rank, with a plain non-distributed loop over the global batches, then compares.
 """
 
+import itertools
 import time
 from contextlib import nullcontext
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from threadpoolctl import threadpool_limits
 
 import mpidp
 from mpidp.collectives import CountingComm
@@ -43,7 +45,10 @@ def reference() -> dict:
 
 
 def train(comm, accum=1, check_every_step=True, **ddp_kw) -> dict:
-    """DP training; every rank starts from different weights (the broadcast must fix that)."""
+    """DP training; every rank starts from different weights (the broadcast must fix that).
+
+    With ``deterministic=True`` each of the `accum` backwards is one micro-shard, and
+    DataParallel averages them (no 1/accum here)."""
     x, y = dataset()
     rank, size = comm.Get_rank(), comm.Get_size()
     model = MLP(SIZES, dtype="float64", seed=rank)
@@ -56,7 +61,7 @@ def train(comm, accum=1, check_every_step=True, **ddp_kw) -> dict:
                 for a, idx in enumerate(micro_batches):
                     with ddp.no_sync() if a < accum - 1 else nullcontext():
                         _, dlogits = softmax_cross_entropy(ddp.forward(x[idx]), y[idx])
-                        ddp.backward(dlogits / accum)
+                        ddp.backward(dlogits if ddp.deterministic else dlogits / accum)
                 opt.step()
                 if check_every_step:
                     ddp.check_replicas()  # bitwise identical on every rank, every step
@@ -88,6 +93,22 @@ def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
         for overlap in (True, False):
             params = train(comm, accum=accum, overlap=overlap, bucket_mb=0)
             assert_close(params, expected, f"accum={accum} overlap={overlap}")
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
+    """The tests above to a tolerance, here bitwise: micro-shards of M = 2 samples on N
+    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_deterministic.py
+    crosses more settings)."""
+    m, local = 2, GLOBAL_BATCH // mpi_ranks
+    with threadpool_limits(1, user_api="blas"):
+        expected = train(MPI.COMM_SELF, accum=GLOBAL_BATCH // m, deterministic=True)
+        settings = zip(mpidp.ALGORITHMS["allreduce"], itertools.cycle([(True, 0), (False, 25)]))
+        for algorithm, (overlap, bucket_mb) in settings:
+            params = train(MPI.COMM_WORLD, accum=local // m, deterministic=True,
+                           algorithm=algorithm, overlap=overlap, bucket_mb=bucket_mb)
+            for name in expected:
+                assert np.array_equal(params[name], expected[name]), (algorithm, name)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 from mpi4py import MPI
+from threadpoolctl import threadpool_limits
 
 import mpidp
 from mpidp.training import (
@@ -61,12 +62,16 @@ def reference(kind: str, n: int, gb: int | None = None) -> dict:
     return model.params
 
 
-def train(comm, kind: str, zero: int, accum: int = 1, **ddp_kw) -> dict:
-    """Every rank starts from other weights (the broadcast fixes that); replicas checked."""
+def train(comm, kind: str, zero: int, accum: int = 1, gb: int | None = None, **ddp_kw) -> dict:
+    """Every rank starts from other weights (the broadcast fixes that); replicas checked.
+
+    ``deterministic=True``: each of the `accum` backwards is a micro-shard, averaged by
+    DataParallel (no 1/accum here). ``gb``: the global batch (default `global_batch`)."""
     rank, n = comm.Get_rank(), comm.Get_size()
-    x, y = dataset(global_batch(n))
+    gb = gb or global_batch(n)
+    x, y = dataset(gb)
     model = MLP(SIZES, dtype="float64", seed=rank)
-    sampler = ShardSampler(len(y), global_batch(n), rank, n, seed=7, accum_steps=accum)
+    sampler = ShardSampler(len(y), gb, rank, n, seed=7, accum_steps=accum)
     with DataParallel(model, comm, zero=zero, optimizer=OPTIMIZERS[kind](model),
                       **ddp_kw) as ddp:
         for epoch in range(EPOCHS):
@@ -74,7 +79,7 @@ def train(comm, kind: str, zero: int, accum: int = 1, **ddp_kw) -> dict:
                 for a, idx in enumerate(micro_batches):
                     with ddp.no_sync() if a < accum - 1 else nullcontext():
                         _, dlogits = softmax_cross_entropy(ddp.forward(x[idx]), y[idx])
-                        ddp.backward(dlogits / accum)
+                        ddp.backward(dlogits if ddp.deterministic else dlogits / accum)
                 ddp.step()
                 if ddp_kw.get("prefetch"):  # left running into the next forward
                     assert ddp._gathers
@@ -108,6 +113,21 @@ def test_every_stage_equals_one_rank_on_the_global_batch(mpi_ranks):
             assert_close(train(comm, kind, zero, accum, **kw), expected,
                          f"{kind} zero={zero} accum={accum} {kw}")
     assert_close(train(comm, "adamw", 2, bucket_mb=0), reference("adamw", mpi_ranks), "adamw")
+
+
+@pytest.mark.mpi(ranks=[3, 5], timeout=180)
+def test_deterministic_mode_equals_one_rank_bitwise_in_every_stage(mpi_ranks):
+    """The test above to a tolerance, here bitwise: micro-shards of 3 samples on N ranks
+    against the same micro-shards on MPI.COMM_SELF, every stage and CONFIGS' layouts."""
+    gb = global_batch(mpi_ranks)
+    with threadpool_limits(1, user_api="blas"):
+        for kind in ("sgd", "adam"):
+            expected = train(MPI.COMM_SELF, kind, 0, gb // 3, gb, deterministic=True)
+            for zero, (_, kw) in zip((0, 1, 2), CONFIGS, strict=True):  # 2 micro-shards
+                kw = {k: v for k, v in kw.items() if zero or k != "prefetch"}
+                params = train(MPI.COMM_WORLD, kind, zero, 2, gb, deterministic=True, **kw)
+                for name in expected:
+                    assert np.array_equal(params[name], expected[name]), (kind, zero, kw, name)
 
 
 @pytest.mark.mpi(ranks=[3, 4], timeout=180)

@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "guard": "mpidp.bench.guard",  # what the tag signature and MPIDP_DEBUG=1 cost per call
     "zero": "mpidp.bench.zero",  # memory per rank under ZeRO stages 0, 1, 2; prefetch timing
     "gpt": "mpidp.bench.gpt",  # the GPT's step serial / overlapped, its buckets, ZeRO memory
+    "exact": "mpidp.bench.exact",  # EXACT_SUM against SUM (interleaved, medians)
 }
 
 

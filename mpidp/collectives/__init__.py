@@ -20,7 +20,13 @@ from .checks import check_buffer
 from .comm import Comm, duplicate
 from .completion import testall, waitall
 from .counting import CountingComm
-from .ops import AVG, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
+from .exact import (
+    allreduce_parts,
+    iallreduce_parts,
+    ireduce_scatter_parts,
+    sum_parts,
+)
+from .ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .persistent import (
     Persistent,
     allgather_init,
@@ -33,10 +39,11 @@ from .persistent import (
 from .schedule import Handle, Request
 
 __all__ = [
-    "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "Handle", "IN_PLACE", "MAX", "MIN",
-    "OPS", "Op", "PROD", "Persistent", "Request", "SUM", "ScratchPool", "TAG_BASE", "allgather",
-    "allgather_init", "allgatherv_init", "allreduce", "allreduce_init", "as_host", "bcast",
-    "bcast_init", "check_algorithm", "check_buffer", "duplicate", "iallgather", "iallreduce",
-    "ibcast", "ireduce_scatter", "reduce_scatter", "reduce_scatter_block_init",
-    "reduce_scatter_init", "resolve_op", "testall", "waitall",
+    "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "EXACT_AVG", "EXACT_SUM", "Handle",
+    "IN_PLACE", "MAX", "MIN", "OPS", "Op", "PROD", "Persistent", "Request", "SUM",
+    "ScratchPool", "TAG_BASE", "allgather", "allgather_init", "allgatherv_init", "allreduce",
+    "allreduce_init", "allreduce_parts", "as_host", "bcast", "bcast_init", "check_algorithm",
+    "check_buffer", "duplicate", "iallgather", "iallreduce", "iallreduce_parts", "ibcast",
+    "ireduce_scatter", "ireduce_scatter_parts", "reduce_scatter", "reduce_scatter_block_init",
+    "reduce_scatter_init", "resolve_op", "sum_parts", "testall", "waitall",
 ]

@@ -4,24 +4,26 @@ Every collective has a nonblocking form (``iallreduce`` ... returns a `Request`)
 and a blocking one (``allreduce`` ... = start, then wait). Arguments are NumPy
 or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in ``recvbuf``, as in
 MPI. All checks happen here (`checks`), before any message is sent, on the rank
-that got the bad argument.
+that got the bad argument. Integer arguments (root, counts, displacements) are
+taken as the ints they are (``np.int64(1)`` is 1; ``1.0`` is a TypeError).
 
 Any number of collectives may be in flight on one communicator, each with the
 next tag of its sequence (`state`; ``tag=`` gives one of your own, below
 ``TAG_BASE``). Ranks that disagree cannot exchange data (the call's signature is
 in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank raise
-``ValueError`` with what each rank passed (`checks.agree`). What a signature
-determines is worked out once per communicator (`plan.Call.setup`).
+``ValueError`` with what each rank passed (`checks.agree`), compared as passed
+(``auto`` is not ``ring``) after the local checks and before anything collective.
+What a signature determines is worked out once per communicator (`plan.Call.setup`).
 """
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import cost
+from . import cost, exact
 from .blocks import Blocks
 from .buffers import array_module, flat
-from .checks import check_buffer, check_pair, gather_blocks, scatter_blocks
+from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
 from .direct import direct_allreduce, direct_scratch
 from .halving import (
     halving_scratch,
@@ -33,8 +35,8 @@ from .halving import (
     recursive_halving_reduce_scatter,
 )
 from .hierarchical import hierarchical_allreduce
-from .ops import resolve_op
-from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed
+from .ops import SUM, resolve_op
+from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed, through_packed
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
@@ -61,6 +63,10 @@ REDUCE_SCATTER = {
                           lambda blocks: halving_scratch(blocks, len(blocks))),
 }
 ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
+# all-gathers that send one block per message, so run in any rank's own layout; the
+# others send runs of neighbouring blocks and run on a packed copy where it is not
+# packed (`plan.through_packed`), since MPI_Allgatherv's layouts differ across ranks
+ANY_LAYOUT = {ring_allgather}
 BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
 
 ALGORITHMS = {
@@ -105,6 +111,10 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     send = None if sendbuf is IN_PLACE else sendbuf
     check_pair(send, recvbuf, op, same_size=True)
     buf = flat(recvbuf)
+    if op.exact and buf.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
+        return exact.plan_exact(call, [buf if send is None else flat(send)], buf, op,
+                                algorithm, comm.Get_size())
+    op = SUM if op.exact else op
 
     def setup() -> Setup:
         name = choose(comm, "allreduce", buf.nbytes, algorithm)
@@ -113,6 +123,9 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
         return Setup(signed("allreduce", buf.size, buf.dtype, op, name), algo, blocks,
                      scratch_items(blocks))
 
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("allreduce", algorithm)
+        call.agree("allreduce", count=buf.size, dtype=buf.dtype, op=op.name, algorithm=algorithm)
     s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
     tag = call.tag(s.signed)
     locate(comm, call.state, "allreduce", s.signed.description["algorithm"])
@@ -148,15 +161,27 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf, op)
     full = recvbuf if in_place else sendbuf
+    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
+
+    def layout() -> Blocks:
+        return scatter_blocks(full.size, recvbuf.size, counts, in_place, n, rank)
+
+    if op.exact and full.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
+        return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: layout().counts[rank]], op,
+                                algorithm, n, layout())
+    op = SUM if op.exact else op
 
     def setup() -> Setup:
-        blocks = scatter_blocks(full.size, recvbuf.size, recvcounts, in_place, n, rank)
+        blocks = layout()
         name = choose(comm, "reduce_scatter", full.nbytes, algorithm)
         algo, scratch_items = REDUCE_SCATTER[name]
         return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), algo,
                      blocks, scratch_items(blocks))
 
-    counts = None if recvcounts is None else tuple(recvcounts)
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("reduce_scatter", algorithm)
+        call.agree("reduce_scatter", count=layout().counts, dtype=full.dtype, op=op.name,
+                   algorithm=algorithm)
     s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
                     op.name, algorithm), setup)
     tag, blocks = call.tag(s.signed), s.blocks
@@ -189,7 +214,9 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
         recvcounts, displs: per-rank counts and offsets (``MPI_Allgatherv``); None
             means equal blocks of ``sendbuf.size`` items, packed (with IN_PLACE,
             ``recvbuf.size / N``), as ``MPI_Allgather``. The displacements are this
-            rank's layout of recvbuf; the counts must be the same on every rank.
+            rank's layout of recvbuf, its own (other ranks may have other ones, gaps,
+            another order: what travels depends on the counts alone); the counts
+            must be the same on every rank.
         sendbuf: this rank's block, or IN_PLACE: it is already at its place in recvbuf.
     """
     comm = call.comm
@@ -197,20 +224,31 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     in_place = sendbuf is IN_PLACE
     check_pair(None if in_place else sendbuf, recvbuf)
     buf = flat(recvbuf)
+    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
+    offsets = None if displs is None else indices(displs, "displs")
+
+    def layout() -> Blocks:
+        return gather_blocks(None if in_place else sendbuf.size, buf.size, counts, offsets,
+                             n, rank)
 
     def setup() -> Setup:
-        blocks = gather_blocks(None if in_place else sendbuf.size, buf.size, recvcounts,
-                               displs, n, rank)
+        blocks = layout()
         name = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)  # alike everywhere
         return Setup(signed("allgather", blocks.counts, buf.dtype, None, name),
                      ALLGATHER[name], blocks)
 
-    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size,
-                    None if recvcounts is None else tuple(recvcounts),
-                    None if displs is None else tuple(displs), buf.dtype, algorithm), setup)
+    if call.debug:  # the arguments as passed (the counts; displs are each rank's own layout)
+        check_algorithm("allgather", algorithm)
+        call.agree("allgather", count=layout().counts, dtype=buf.dtype, algorithm=algorithm)
+    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
+                    buf.dtype, algorithm), setup)
     tag = call.tag(s.signed)
     locate(comm, call.state, "allgather", s.signed.description["algorithm"])
     algo, args = s.algo, (comm, buf, s.blocks)
+    if not (s.blocks.packed or algo in ANY_LAYOUT):  # my layout is mine alone: pack
+        work = call.state.pool.take(buf, s.blocks.total)
+        mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
+        return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
         algo, args = copy_rounds, (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
     return Plan(call, algo, args, tag, None, (), buf)
@@ -220,16 +258,19 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
 def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
     """Check and set up a broadcast of `buf` from `root` to every rank."""
     comm = call.comm
+    root, n = index(root, "root"), comm.Get_size()
+    if not 0 <= root < n:
+        raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
     check_buffer(buf, "buf", writable=comm.Get_rank() != root)
     vec = flat(buf)
 
     def setup() -> Setup:
-        n = comm.Get_size()
-        if not 0 <= root < n:
-            raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
         name = choose(comm, "bcast", vec.nbytes, algorithm)
         return Setup(signed("bcast", vec.size, vec.dtype, None, name, root), BCAST[name])
 
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        check_algorithm("bcast", algorithm)
+        call.agree("bcast", count=vec.size, dtype=vec.dtype, algorithm=algorithm, root=root)
     s = call.setup(("bcast", vec.size, vec.dtype, root, algorithm), setup)
     tag = call.tag(s.signed)
     algo, args = s.algo, (comm, vec, root)

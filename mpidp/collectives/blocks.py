@@ -19,7 +19,7 @@ from itertools import accumulate
 class Blocks:
     """Block `i` of a buffer is ``buf[displs[i] : displs[i] + counts[i]]``."""
 
-    __slots__ = ("counts", "displs", "total")
+    __slots__ = ("counts", "displs", "total", "packed")
 
     def __init__(self, counts, displs=None):
         counts = tuple(int(c) for c in counts)
@@ -32,6 +32,8 @@ class Blocks:
         if len(self.displs) != len(counts) or any(d < 0 for d in self.displs):
             raise ValueError(f"need one displacement >= 0 per block, got {self.displs}")
         self.total = sum(counts)
+        # the blocks tile the buffer with no gaps, in rank order (MPI_Allgather's layout)
+        self.packed = self.displs == (0, *accumulate(counts))[:-1] if counts else True
 
     @classmethod
     @lru_cache(maxsize=256)  # Blocks are immutable: one object per (count, n) in use
@@ -56,11 +58,6 @@ class Blocks:
     def __eq__(self, other) -> bool:
         return isinstance(other, Blocks) and (self.counts, self.displs) == (
             other.counts, other.displs)
-
-    @property
-    def packed(self) -> bool:
-        """True if the blocks tile the buffer with no gaps, in rank order."""
-        return all(d == s for d, s in zip(self.displs, accumulate((0, *self.counts)), strict=False))
 
     @property
     def extent(self) -> int:

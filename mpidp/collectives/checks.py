@@ -20,6 +20,7 @@ program, which MPI libraries do not detect. mpidp guards against it twice:
 from __future__ import annotations
 
 import hashlib
+import operator
 
 import numpy as np
 
@@ -53,6 +54,25 @@ def set_debug(on: bool | None) -> None:
     None: as MPIDP_DEBUG says (read again at the next collective)."""
     global _DEBUG
     _DEBUG = None if on is None else bool(on)
+
+
+def index(value, what: str) -> int:
+    """An integer argument (a root) as the int it is: ``np.int64(1)`` is 1, as in MPI, so
+    that every rank signs and describes it alike; TypeError naming it if it is no integer
+    (``root=1.0``), before any message."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}={value!r}: expected an integer, not "
+                        f"{type(value).__name__}") from None
+
+
+def indices(values, what: str) -> tuple[int, ...]:
+    """Integer arguments (counts, displacements) as a tuple of ints; TypeError naming them."""
+    try:
+        return tuple(map(operator.index, values))
+    except TypeError:
+        raise TypeError(f"{what}={values!r}: expected a sequence of integers") from None
 
 
 def check_buffer(arr, what: str, writable: bool = False) -> None:

@@ -62,11 +62,9 @@ class Comm:
                  debug: bool = False):
         if isinstance(comm, Comm):
             comm = comm.comm
-        if isinstance(comm, MPI.Comm):
-            if comm == MPI.COMM_NULL:
-                raise ValueError("cannot wrap MPI.COMM_NULL")
-            if comm.Is_inter():
-                raise NotImplementedError("mpidp.Comm wraps intracommunicators only")
+        if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+            raise ValueError("cannot wrap MPI.COMM_NULL")
+        state(comm)  # refuses an intercommunicator, wrapped in a comm-like or not
         _check_algorithm(algorithm)
         self.comm = comm
         self.algorithm = dict(algorithm) if isinstance(algorithm, Mapping) else algorithm

@@ -80,11 +80,23 @@ def waitall(requests: Iterable, timeout: float | None = None) -> None:
         if not pending:
             return
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{len(pending)} request(s) not complete after {timeout} s: a peer has not "
-                "joined the collective, or ranks disagree on its arguments (count, dtype, "
-                "op, root, algorithm; MPIDP_DEBUG=1 checks them)")
+            raise TimeoutError(f"{len(pending)} request(s) not complete after {timeout} s: "
+                               f"{likely_causes()}")
         os.sched_yield()
+
+
+def likely_causes() -> str:
+    """Why a collective may not complete, for a deadline's message: the agreement check is
+    suggested only where it is off; where it is on, what it does not see."""
+    from .checks import debug_enabled  # (checks imports the driver, which imports this)
+
+    if not debug_enabled():
+        return ("a peer has not joined the collective, or ranks disagree on its arguments "
+                "(count, dtype, op, root, algorithm; MPIDP_DEBUG=1 checks them)")
+    return ("a peer has not joined the collective. MPIDP_DEBUG is on, so ranks that disagree "
+            "on the arguments would have raised; look at the other ranks' output: a peer "
+            "raised (at a collective started by two threads at once, say), died, hangs, or "
+            "called the collectives in another order")
 
 
 def testall(requests: Iterable) -> bool:

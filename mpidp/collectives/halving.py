@@ -60,7 +60,10 @@ r on rank r (MPI's layout), so there a rank keeps every other block (or every
 fourth ...), sent as several messages per round.
 
 The recursive-doubling all-reduce swaps the whole vector with partner
-rank ^ mask for mask = 1, 2, 4, ...: fewest rounds, most bytes.
+rank ^ mask for mask = 1, 2, 4, ...: fewest rounds, most bytes. Both partners
+add the same two vectors, in one order (the lower rank's first), so that every
+rank gets the same bits: MAX of -0.0 and 0.0, or a sum of two NaNs, depends on
+the order (tests/test_same_bits.py).
 
         $ python -m mpidp.sim table recursive_doubling --ranks 4
         step | rank 0 | rank 1 | rank 2 | rank 3
@@ -166,12 +169,21 @@ def _doubling(rank: int, q: int, buf, blocks: VirtualBlocks, masks: tuple, owner
 
 
 def _swapping(rank: int, q: int, buf, op: Op, tmp, src) -> Rounds:
-    """Recursive-doubling all-reduce among q ranks: swap the whole vector with rank ^ mask."""
+    """Recursive-doubling all-reduce among q ranks: swap the whole vector with rank ^ mask.
+
+    Both partners compute the pair's sum, so both compute it in one order, the lower
+    rank's vector first: in the other order MAX of -0.0 and 0.0, or the sum of two
+    NaNs, gives other bits, and the ranks' results would differ.
+    """
     mask = 1
     while mask < q:
         partner = rank ^ mask
         yield [Send(src, partner), Recv(tmp, partner)]
-        op(buf, tmp, src)  # both partners compute the same sum: a + b == b + a bit for bit
+        mine, theirs = src, tmp
+        if rank < partner:  # op(acc, b, a) leaves a ⊕ b in acc
+            op(buf, theirs, mine)  # buf = mine ⊕ theirs
+        else:
+            op(buf, mine, theirs)  # buf = theirs ⊕ mine: the same bits as my partner's
         src = buf
         mask <<= 1
 
@@ -279,7 +291,7 @@ def recursive_doubling_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=Non
         return
     if rank < 2 * r:
         yield [Recv(tmp, rank - 1)]
-        op(buf, tmp, src)
+        op(buf, src, tmp)  # buf = the even rank's ⊕ mine, the lower rank's first
         src = buf
     yield from on_real_ranks(_swapping(virtual(rank, r), q, buf, op, tmp, src), r)
     op.finish(buf, N)

@@ -3,10 +3,16 @@
 An `Op` combines a received block into a local one: ``op(acc, tmp)`` leaves
 ``acc ⊕ tmp`` in ``acc`` with no allocation (the ufunc writes into ``out=``).
 Every MPI predefined operator is commutative and associative (up to floating
-point rounding), so the algorithms may combine blocks in any order.
+point rounding), so the algorithms may combine blocks in any order; but a sum
+that several ranks compute must be computed in the same order on each, for
+every rank to get the same bits (``maximum(-0.0, 0.0)`` is ``0.0``,
+``maximum(0.0, -0.0)`` is ``-0.0``; a sum of two NaNs keeps the first one's
+payload): `halving._swapping`.
 
 ``AVG`` is not an MPI operator: it is the sum, divided by the number of ranks
 once at the end (`Op.finish`), which is what gradient averaging needs.
+``EXACT_SUM`` and ``EXACT_AVG`` are not either: order-independent sums that the
+call path runs as collectives of their own (exact.py, prerounding.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class Op:
     ufunc: str
     kinds: str
     divide: bool = False  # AVG: divide by the number of ranks when the sum is complete
+    exact: bool = False  # EXACT_SUM, EXACT_AVG: run as pre-rounded integer sums (exact.py)
     # NumPy's ufunc, looked up once: a small all-reduce pays for every attribute lookup
     np_ufunc: object = field(init=False, repr=False, compare=False)
 
@@ -79,6 +86,12 @@ BOR = Op("bor", "bitwise_or", _LOGICAL)
 BXOR = Op("bxor", "bitwise_xor", _LOGICAL)
 
 OPS = {op.name: op for op in (SUM, PROD, MAX, MIN, AVG, LAND, LOR, LXOR, BAND, BOR, BXOR)}
+
+# Not MPI operators, and never handed to an algorithm: the call path runs them as a MAX
+# pass and a SUM pass on integer words (exact.py). On integers EXACT_SUM is SUM.
+EXACT_SUM = Op("exact_sum", "add", "iuf", exact=True)
+EXACT_AVG = Op("exact_avg", "add", "f", divide=True, exact=True)
+EXACT = {op.name: op for op in (EXACT_SUM, EXACT_AVG)}
 
 _FROM_MPI = [  # MPI.Op is not hashable: a list of pairs
     (MPI.SUM, SUM), (MPI.PROD, PROD), (MPI.MAX, MAX), (MPI.MIN, MIN),
@@ -148,9 +161,10 @@ def resolve_op(op) -> Op:
         return op
     if isinstance(op, str):
         try:
-            return OPS[op.lower()]
+            return OPS.get(op.lower()) or EXACT[op.lower()]
         except KeyError:
-            raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}") from None
+            raise ValueError(f"unknown op {op!r}; expected one of {sorted({**OPS, **EXACT})}"
+                             ) from None
     if isinstance(op, MPI.Op):
         for mpi_op, ours in _FROM_MPI:
             if op == mpi_op:

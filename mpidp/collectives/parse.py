@@ -8,11 +8,10 @@ message), and returns the plan ``api.plan_<collective>`` makes of them, for the
 
 from __future__ import annotations
 
-import operator
-
 from . import api
 from .api import IN_PLACE
 from .bufspec import check_match, check_op, in_place, simple, vector
+from .checks import index, indices
 
 
 def allreduce(call, c, sendbuf, recvbuf, op, algorithm):
@@ -55,7 +54,7 @@ def reduce_scatter(call, c, sendbuf, recvbuf, recvcounts, op, algorithm):
     check_op(op, recvbuf, recv)  # before the gather below: refused before any message
     if send is not IN_PLACE and recvcounts is None:  # as mpi4py: every rank's count, gathered
         recvcounts = c._gather_counts(count)
-    recvcounts = [operator.index(c) for c in recvcounts]
+    recvcounts = list(indices(recvcounts, "recvcounts"))
     if len(recvcounts) != n:
         raise ValueError(f"expecting {n} recvcounts, got {len(recvcounts)}")
     if total != sum(recvcounts):
@@ -92,7 +91,6 @@ def allgatherv(call, c, sendbuf, recvbuf, algorithm):
 
 def bcast(call, c, buf, root, algorithm):
     """Bcast: buf is written everywhere but at the root."""
-    is_root = c.comm.Get_rank() == root
-    data, _ = simple(buf, "buf", writable=not is_root)
-    return c._plan(call, api.plan_bcast, "bcast", algorithm, data,
-                      root=operator.index(root))
+    root = index(root, "root")
+    data, _ = simple(buf, "buf", writable=c.comm.Get_rank() != root)
+    return c._plan(call, api.plan_bcast, "bcast", algorithm, data, root=root)

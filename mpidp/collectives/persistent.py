@@ -41,7 +41,10 @@ class Persistent:
     the tag back. Like MPI's persistent requests, a completed or never started one
     is inactive: `Wait` returns at once and `Test` answers True. From the second
     start on, a replayable plan is replayed (`replay`): ``request`` is then the
-    same `Replay` at every start.
+    same `Replay` at every start. A start whose own work raises (a reduction)
+    fails: its `Wait` raises, again at every later `Wait`, and it is no longer
+    active, so it may be started again (a run recorded part way is recorded anew)
+    or freed; its slot stays held until `Free`, as any persistent collective's.
     """
 
     __slots__ = ("plan", "request", "freed", "log", "replay")
@@ -54,12 +57,15 @@ class Persistent:
     def Start(self) -> None:  # noqa: N802
         if self.freed:
             raise RuntimeError("Start of a freed persistent collective")
-        if self.request is not None and not self.request.done:
+        if self._in_flight():
             raise RuntimeError("Start of a persistent collective that is still active: "
                                "complete it (Wait) first")
         p = self.plan
-        if self.log is not None and self.request is not None:  # the recorded run is complete
-            self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+        if self.log is not None and self.request is not None:
+            if self.request.error is None:  # the recorded run is complete
+                self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+            else:  # it raised part way: record the next run instead
+                self.log = []
         if self.replay is not None:
             self.request = self.replay
             self.replay.start()
@@ -89,9 +95,15 @@ class Persistent:
         """Active: started, and not yet reported complete (Waitany and the like skip it)."""
         return self.request is not None and bool(self.request)
 
+    def _in_flight(self) -> bool:
+        """Started, and neither complete nor failed (a run whose own work raised has no
+        message in flight: it may be started again, or freed)."""
+        r = self.request
+        return r is not None and not r.done and r.error is None
+
     def Free(self) -> None:  # noqa: N802
         """Give the scratch and the tag back; only when it is not active."""
-        if self.request is not None and not self.request.done:
+        if self._in_flight():
             raise RuntimeError("Free of a persistent collective that is still active")
         if not self.freed:
             if self.replay is not None:

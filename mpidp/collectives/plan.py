@@ -1,15 +1,21 @@
 """A collective's place in its communicator's sequence, and the plan that runs it.
 
-Every entry point (`api`'s functions, `mpidp.Comm`) goes through the same two steps:
+Every entry point (`api`'s functions, `mpidp.Comm`) goes through the same steps:
 
     Call(comm)   take the next slot of the comm's tag sequence, first of all
+    call.agree   (MPIDP_DEBUG) the ranks compare the arguments as passed, before
+                 anything collective (auto's calibration, the placement query)
     Plan(...)    the checked arguments as rounds (a generator), with the call's tag;
                  `run()` blocks, `start()` returns a `schedule.Request`
 
 and the slot goes back when the collective completes, or at once if planning
-raises (the number stays used up, on this rank as on the others).
+raises (the number stays used up, on this rank as on the others), or if the
+collective's own work raises while it runs (a reduction that overflows under
+``np.errstate(over="raise")``: the round before it is complete, so none of its
+messages is in flight). A collective whose messages are still in flight (a
+deadline passed) keeps its slot: they may yet complete.
 
-What a call's signature determines (the algorithm `auto` picks, the blocks, the
+What a signature determines (the algorithm `auto` picks, the blocks, the
 scratch size, the signature folded into the tags) is worked out once per
 distinct signature and communicator and remembered (`Call.setup`): a repeated
 call pays one dict lookup for it. Every call still takes its own slot, and
@@ -32,8 +38,8 @@ from .state import CommState, check_user_tag, signature, state
 
 
 class Signed(NamedTuple):
-    """A call's signature (folded into its tags) and its description (what the
-    ``MPIDP_DEBUG`` agreement check compares across ranks)."""
+    """A call's signature (folded into its tags) and its description (the same fields
+    by name, with the algorithm ``auto`` picked)."""
 
     collective: str
     sig: int
@@ -64,13 +70,18 @@ class Call:
 
     The slot is taken first, so a call that raises has used its number up on this
     rank as on the others; `end` gives the slot back when the collective is done.
-    A persistent call (``*_init``) keeps its slot and tag until it is freed.
+    A persistent call (``*_init``) keeps its slot and tag until it is freed. With
+    ``MPIDP_DEBUG`` (`debug`), the call is also a start on this thread until
+    `started` (`state.CommState.begin_start`: two threads starting at once raise).
     """
 
-    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent", "entry")
+    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent", "starting",
+                 "entry")
 
     def __init__(self, comm, tag: int | None, debug: bool, persistent: bool = False):
-        self.comm, self.debug, self.persistent = comm, debug, persistent
+        self.comm, self.persistent = comm, persistent
+        self.debug = debug = debug_enabled(debug)
+        self.starting = False
         self.state: CommState = state(comm)
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
@@ -83,6 +94,13 @@ class Call:
             except RuntimeError:
                 self.state.release(self.slot)
                 raise
+        if debug and self.slot is not None:  # an explicit tag: concurrency is the user's
+            try:
+                self.state.begin_start()
+            except RuntimeError:
+                self.end()
+                raise
+            self.starting = True
 
     def setup(self, key: tuple, build):
         """What the signature `key` determines: ``build()`` the first time, then remembered.
@@ -103,23 +121,35 @@ class Call:
             found = setups[key] = build()
         return found
 
+    def agree(self, collective: str, **described) -> None:
+        """(debug on) Every rank compares `described`, the arguments as passed, and all
+        raise ValueError if they differ (`checks.agree`). Called after the local checks
+        and before anything collective: ``auto``'s set-up is collective, and a rank that
+        set up alone would wait there for the others forever."""
+        tag = self.user_tag if self.slot is None else self.state.tag(self.slot, 0,
+                                                                     self.persistent)
+        agree(self.comm, collective, tag, **described)
+
     def tag(self, signed: Signed) -> int:
-        """The tag for this call; with debug on, the ranks first agree on its arguments."""
-        if debug_enabled(self.debug):
-            agree(self.comm, signed.collective, self.user_tag if self.slot is None
-                  else self.state.tag(self.slot, 0, self.persistent), **signed.description)
+        """The tag for this call, with its signature folded in."""
         tag = self.user_tag if self.slot is None else self.state.tag(
             self.slot, signed.sig, self.persistent)
         if self.entry is not None:
             self.entry[SIGNED], self.entry[TAG] = signed, tag
         return tag
 
+    def started(self) -> None:
+        """The call has returned: its start on this thread is over (MPIDP_DEBUG)."""
+        if self.starting:
+            self.starting = False
+            self.state.end_start()
+
     def end(self) -> None:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None:
-            self.entry[STATE] = flight.COMPLETE
+        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED):
+            self.entry[STATE] = flight.COMPLETE  # (or failed while it ran: Request.error)
 
     def failed(self, e: BaseException) -> None:
         """Planning or running raised `e`: the slot goes back, the record says why."""
@@ -149,35 +179,47 @@ class Plan:
 
     def done(self) -> None:
         """The one run of a plan is complete: finish, give the scratch and the slot back."""
-        if self.finish is not None:
-            self.finish()
-        self.free()
+        try:
+            if self.finish is not None:
+                self.finish()
+        finally:
+            self.free()
 
     def free(self) -> None:
+        """Give the scratch and the slot back: the plan's run completed, or its own work
+        raised (then none of its messages is in flight), or it is no longer wanted."""
         for arr in self.scratch:
             self.call.state.pool.give(arr)
         self.scratch = ()
         self.call.end()
 
     def start(self) -> Request:
-        entry = self.call.entry
+        call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
-        request = Request(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+        try:
+            request = Request(call.comm, self.algo(*self.args), self.tag, self.done,
+                              self.stager, self.free)
+        finally:
+            if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
+                call.started()
         if entry is not None:
             entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
         return request
 
     def run(self) -> None:
-        entry = self.call.entry
+        call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
         try:
-            run(self.call.comm, self.algo(*self.args), self.tag, self.done, self.stager)
+            run(call.comm, self.algo(*self.args), self.tag, self.done, self.stager, self.free)
         except BaseException as e:
             if entry is not None:
                 flight.fail(entry, e)
             raise
+        finally:
+            if call.starting:
+                call.started()
 
 
 def no_rounds() -> Rounds:
@@ -196,15 +238,38 @@ def copy_rounds(dst, src, algo=None, *args) -> Rounds:
         yield from algo(*args)
 
 
+def through_packed(algo, comm, buf, blocks: Blocks, work, mine) -> Rounds:
+    """An all-gather into this rank's own layout `blocks`, run on `work`, packed.
+
+    MPI_Allgatherv lets each rank lay out its recvbuf as it likes (gaps, any block
+    order); only the counts agree. An algorithm that sends neighbouring blocks as one
+    message cuts its messages by the layout, so every rank must see the same one:
+    the packed one, in `work`. My block (`mine`: sendbuf, or in place its place in
+    `buf`) goes there first, every block to its own place at the end.
+    """
+    xp, rank, packed = array_module(buf), comm.Get_rank(), Blocks(blocks.counts)
+    xp.copyto(packed.view(work, rank), mine)
+    yield from algo(comm, work, packed)
+    for i in range(len(blocks)):
+        xp.copyto(blocks.view(buf, i), packed.view(work, i))
+
+
 def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: bool = False,
                 **kwargs):
-    """``body(call, *args, **kwargs)`` for a new `Call`; its slot goes back if body raises."""
+    """``body(call, *args, **kwargs)`` for a new `Call`; its slot goes back if body raises.
+
+    A persistent call's start is over once it is planned; another's when it runs
+    (`Plan.run`, `Plan.start`)."""
     call = Call(comm, tag, debug, persistent)
     try:
-        return body(call, *args, **kwargs)
+        plan = body(call, *args, **kwargs)
     except BaseException as e:
         call.failed(e)
+        call.started()
         raise
+    if persistent:
+        call.started()
+    return plan
 
 
 def planned(body):
@@ -214,10 +279,14 @@ def planned(body):
              persistent: bool = False, **kwargs) -> Plan:
         call = Call(comm, tag, debug, persistent)  # as in_sequence, one call less per collective
         try:
-            return body(call, *args, **kwargs)
+            plan = body(call, *args, **kwargs)
         except BaseException as e:
             call.failed(e)
+            call.started()
             raise
+        if persistent:
+            call.started()
+        return plan
 
     plan.__name__, plan.__doc__, plan.body = body.__name__, body.__doc__, body
     return plan

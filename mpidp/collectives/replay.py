@@ -117,7 +117,7 @@ class Replay:
     """
 
     __slots__ = ("pre", "steps", "finish", "_lock", "_step", "_reqs", "_active", "done",
-                 "rounds", "completed_at")
+                 "error", "rounds", "completed_at")
 
     def __init__(self, comm, tag: int, log: list, finish=None):
         self.pre: list = []  # the reductions before the first round
@@ -135,15 +135,26 @@ class Replay:
         self.finish, self._lock = finish, threading.Lock()
         self._step, self._reqs = 0, []  # the round in flight, and its requests
         self._active, self.done = False, True  # inactive until started
+        self.error = None  # what a reduction of the current start raised (`Request`'s)
         self.rounds, self.completed_at = 0, None
 
     def start(self) -> None:
         """Do the reductions before the first round and start it (never blocks)."""
         with self._lock:  # under the lock: a progress thread may be testing it
             self.done, self._active, self._step, self.rounds = False, True, -1, 0
-            for f, a, b, out in self.pre:
-                f(a, b, out=out)
+            self.error = None
+            self._reduce(self.pre)
             self._next()
+
+    def _reduce(self, reductions: list) -> None:
+        """Do recorded reductions; if one raises, this start has failed (as a `Request`'s
+        own work raising): no message is in flight, and it never completes."""
+        try:
+            for f, a, b, out in reductions:
+                f(a, b, out=out)
+        except BaseException as exc:
+            self.error, self._reqs = exc, []
+            raise
 
     def _next(self) -> None:
         """Start the next round, or complete."""
@@ -162,8 +173,10 @@ class Replay:
 
     def _advance(self) -> None:
         """The round is complete: its reductions, then the next round."""
-        for f, a, b, out in self.steps[self._step][1]:
-            f(a, b, out=out)
+        if self.error is not None:
+            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
+                               "never complete") from self.error
+        self._reduce(self.steps[self._step][1])
         self._next()
 
     # `schedule.Request`'s own: test and wait complete `_reqs`, the round in flight, and

@@ -91,19 +91,26 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
 
 
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
-        stager: Stager | None = None) -> int:
+        stager: Stager | None = None, on_fail: Callable[[], None] | None = None) -> int:
     """Run a schedule to completion (the blocking collective); return its round count.
 
-    With ``MPIDP_TIMEOUT`` set, the rounds are polled against that deadline instead.
+    `on_fail` is called if the schedule raises (its own work, or an MPI call: either
+    way after its round's messages are done with). With ``MPIDP_TIMEOUT`` set, the
+    rounds are polled against that deadline instead (`Request`).
     """
     if default_timeout() is not None:
-        request = Request(comm, rounds, tag, on_done, stager)
+        request = Request(comm, rounds, tag, on_done, stager, on_fail)
         request.wait()
         return request.rounds
     count = 0
-    for round_ in rounds:
-        exchange(comm, round_, tag, stager)
-        count += 1
+    try:
+        for round_ in rounds:
+            exchange(comm, round_, tag, stager)
+            count += 1
+    except BaseException:
+        if on_fail is not None:
+            on_fail()
+        raise
     if on_done is not None:
         on_done()
     return count
@@ -130,25 +137,36 @@ class Request:
     ``Testsome`` are mpi4py's spellings; the static ones take mpidp's and mpi4py's
     requests mixed (mpi4py's own ``MPI.Request.Waitall`` takes MPI requests only).
 
+    If the collective's own work raises (a reduction, a staging copy: between
+    rounds, when none of its messages is in flight), the exception goes to the
+    caller of `test`/`wait`, `on_fail` is called, and the request is failed: every
+    later `test` or `wait` raises again (it never completes), and `error` holds the
+    exception.
+
     Args:
         comm, tag: where the rounds' messages are posted.
         rounds: the algorithm's generator; its first round is posted here.
         on_done: called once when the last round completes (gives back scratch,
             copies the result out, frees the tag).
         stager: prepares rounds with device buffers for MPI (None: NumPy only).
+        on_fail: called once if the rounds raise (gives back scratch and the tag).
     """
 
     __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_stager", "_on_done",
-                 "_lock", "_active", "done", "rounds", "completed_at", "_round")
+                 "_on_fail", "_lock", "_active", "done", "error", "rounds", "completed_at",
+                 "_round")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
-                 on_done: Callable[[], None] | None = None, stager: Stager | None = None):
+                 on_done: Callable[[], None] | None = None, stager: Stager | None = None,
+                 on_fail: Callable[[], None] | None = None):
         self._comm, self._tag, self._rounds, self._on_done = comm, tag, rounds, on_done
+        self._on_fail = on_fail
         self._reqs: list = []
         self._finish = None  # copies staged receives back once the round is done
         self._stager = stager
         self._lock = threading.Lock()  # test() may race with a progress thread
         self.done = False
+        self.error: BaseException | None = None  # what the collective's own work raised
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
         self.completed_at: float | None = None  # time.perf_counter() when it completed
         self._active = True  # not yet reported complete by Test/Wait (MPI: not REQUEST_NULL)
@@ -158,10 +176,17 @@ class Request:
 
     def _advance(self) -> None:
         """Finish the round, take the next one, post it."""
-        if self._finish is not None:
-            self._finish()
-            self._finish = None
-        round_ = next(self._rounds, None)
+        if self.error is not None:
+            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
+                               "never complete") from self.error
+        try:
+            if self._finish is not None:
+                self._finish()
+                self._finish = None
+            round_ = next(self._rounds, None)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
         if round_ is None:
             self._reqs, self._round = [], None
             self.done = True
@@ -170,7 +195,7 @@ class Request:
                 self._on_done()
             # a completed request pins no buffer: its generator, callback and stager
             # reference the caller's arrays, which may be freed now (ZeRO stage 2's buckets)
-            self._rounds = self._on_done = self._stager = None
+            self._rounds = self._on_done = self._on_fail = self._stager = None
             return
         self.rounds += 1
         fill = None
@@ -178,6 +203,15 @@ class Request:
             round_, fill, self._finish = self._stager(round_)
         self._round = round_
         self._reqs = post(self._comm, round_, self._tag, fill)
+
+    def _failed(self, exc: BaseException) -> None:
+        """The collective's own work raised: nothing of it is in flight; give back what
+        it holds (`on_fail`) and drop the references to the caller's arrays."""
+        self.error, self._reqs, self._round = exc, [], None
+        on_fail = self._on_fail
+        self._rounds = self._on_done = self._on_fail = self._stager = self._finish = None
+        if on_fail is not None:
+            on_fail()
 
     def test(self) -> bool:
         """Complete every round that is ready and post the next; True when all are done.

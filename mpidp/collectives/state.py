@@ -31,6 +31,7 @@ communicator and starts its own, inheriting the cost model only when asked,
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 import zlib
@@ -65,6 +66,11 @@ class CommState:
         self._busy: set[int] = set()  # slots of collectives in flight on this rank
         self._held: set[int] = set()  # slots of this rank's persistent collectives
         self._lock = threading.Lock()  # a progress thread may start or end collectives too
+        # MPIDP_DEBUG: the thread starting a collective here now (`begin_start`), and how
+        # deep (a start that starts another on the same thread, as Reduce_scatter's counts)
+        self._starting = threading.Lock()
+        self._starter: threading.Thread | None = None
+        self._depth = 0
 
     def take(self) -> int:
         """The next slot of the sequence, marked in flight until `release`.
@@ -101,6 +107,40 @@ class CommState:
     def unhold(self, slot: int) -> None:
         self._held.discard(slot)
 
+    def begin_start(self) -> None:
+        """(``MPIDP_DEBUG``) This thread starts a collective here; RuntimeError if another
+        thread is starting one at the same time.
+
+        MPI makes that program erroneous: the two threads' calls may take their numbers
+        in one order here and in another on a peer, and then collectives exchange each
+        other's data. A start lasts from taking the slot until the call returns (a
+        blocking collective: complete; an I-form: its first round posted; ``*_init``:
+        planned). A non-blocking acquire: the check never waits, and costs nothing
+        with the check off. Threads that only test or wait (a progress thread) start
+        nothing.
+        """
+        me = threading.current_thread()
+        if self._starter is me:  # (only this thread ever sets it to itself)
+            self._depth += 1
+            return
+        if not self._starting.acquire(blocking=False):
+            other = self._starter
+            raise RuntimeError(
+                f"two threads start collectives on one communicator at once: thread "
+                f"{me.name!r} started one while thread "
+                f"{'?' if other is None else repr(other.name)} is starting another. MPI "
+                "makes this erroneous (the ranks may order the two calls differently, and "
+                "exchange each other's data): start a communicator's collectives from one "
+                "thread at a time, or give each thread a communicator of its own (Dup())")
+        self._starter, self._depth = me, 1
+
+    def end_start(self) -> None:
+        """The start that `begin_start` opened on this thread is over."""
+        self._depth -= 1
+        if self._depth == 0:
+            self._starter = None
+            self._starting.release()
+
     def tag(self, slot: int, sig: int = 0, persistent: bool = False) -> int:
         """The tag for `slot`, with a call signature folded in (0: none)."""
         if persistent:
@@ -134,11 +174,23 @@ _signatures: dict[tuple, int] = {}
 
 
 def check_user_tag(tag) -> int:
-    """An explicit tag must be the user's (below TAG_BASE): mpidp's sequence owns the rest."""
-    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < TAG_BASE:
+    """An explicit tag must be the user's (below TAG_BASE): mpidp's sequence owns the rest.
+
+    Any integer (``np.int64(5)``) is taken as the int it is (`operator.index`)."""
+    try:
+        value = None if isinstance(tag, bool) else operator.index(tag)
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < TAG_BASE:
         raise ValueError(f"tag={tag!r}: an explicit tag must be an int in 0..{TAG_BASE - 1}; "
                          f"tags from {TAG_BASE} up are mpidp's own sequence (leave tag unset)")
-    return tag
+    return value
+
+
+INTERCOMM = ("mpidp's collectives run on intracommunicators only, and this is an "
+             "intercommunicator (MPI's collectives there combine the other group's data, "
+             "which mpidp's algorithms do not): make one intracommunicator of both groups "
+             "(comm.Merge()), or call the MPI library's own collective")
 
 
 # ------------------------------------------------------------ finding a comm's state
@@ -177,6 +229,8 @@ def _find(comm) -> CommState:
             found = _unwrapped[base] = CommState(_tag_ub(base))
             found.flight = flight.recorder(base)
         return found
+    if base.Is_inter():  # never given a state, so every call on it gets here and raises
+        raise NotImplementedError(INTERCOMM)
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval()  # not copied by Dup: a duplicate starts afresh

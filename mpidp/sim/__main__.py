@@ -87,11 +87,16 @@ def parse_args(argv) -> argparse.Namespace:
     c.add_argument("--scratch", help="MODULE:FUNCTION giving tmp's items from the blocks "
                    "(default: a whole vector)")
     c.add_argument("--quick", action="store_true", help="two count shapes per N, not six")
+    c.add_argument("--exact", action="store_true", help="EXACT_SUM: every rank's result "
+                   "bitwise the one-rank sum of the same addends (mpidp's algorithms, or all)")
     hosts(c)
 
     v = sub.add_parser("volume", help="bytes per rank sent and received, as multiples of G")
     v.add_argument("--ranks", type=rank_list, default=rank_list("2,4,8,16,32,64,128,256"))
     collective(v)
+    v.add_argument("--exact", choices=("float64", "float32", "float16"), nargs="?",
+                   const="float64", help="EXACT_SUM's all-reduce (its MAX and SUM passes), "
+                   "in multiples of G of this dtype (default float64)")
     hosts(v)
 
     r = sub.add_parser("predict", help="each algorithm's time for N ranks, by simulation")
@@ -146,6 +151,12 @@ def main(argv=None) -> int:
         from .volume import NOTE, format_volume, volume
 
         t0 = time.perf_counter()
+        if args.exact:
+            from .exact import EXACT_NOTE, exact_volume
+
+            print(format_volume(exact_volume(args.ranks, dtype=args.exact)))
+            print(f"({time.perf_counter() - t0:.1f} s)\n\n{EXACT_NOTE}")
+            return 0
         print(format_volume(volume(args.ranks, args.collective, placement=where(args))))
         print(f"({time.perf_counter() - t0:.1f} s)\n\n{NOTE}")
     else:
@@ -156,6 +167,9 @@ def main(argv=None) -> int:
 def run_check(args) -> int:
     from .check import check, load
 
+    if args.exact:
+        return run_check_exact(args)
+
     if args.function in names(args.collective):
         algorithm = args.function
     else:
@@ -165,6 +179,27 @@ def run_check(args) -> int:
                    label=args.function, placement=where(args))
     print(report.text)
     return 0 if report.ok else 1
+
+
+def run_check_exact(args) -> int:
+    from .exact import check_exact
+
+    every = names(args.collective)
+    chosen = every if args.function == "all" else (args.function,)
+    if args.collective not in ("allreduce", "reduce_scatter") or not set(chosen) <= set(every):
+        print(f"--exact checks mpidp's allreduce and reduce_scatter algorithms ({every} or "
+              "all)", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in chosen:
+        t0 = time.perf_counter()
+        ok, n, problem = check_exact(name, args.collective, args.ranks, quick=args.quick)
+        print(f"mpidp.sim check {name} --exact ({args.collective}), N = {args.ranks[0]}-"
+              f"{args.ranks[-1]}: {'ok' if ok else 'FAILED'}, {n} cases bitwise equal to one "
+              f"rank's exact sum ({time.perf_counter() - t0:.1f} s)" + ("" if ok else
+                                                                        f"\n  {problem}"))
+        failed += not ok
+    return 1 if failed else 0
 
 
 def run_predict(args) -> int:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpidp.collectives.api import ALLGATHER, ALLREDUCE, BCAST, REDUCE_SCATTER
+from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
 from mpidp.collectives.blocks import Blocks
 from mpidp.collectives.ops import resolve_op
+from mpidp.collectives.plan import through_packed
 
 from .engine import Sim
 
@@ -60,6 +61,12 @@ def layout(collective: str, N: int, count: int, counts=None, displs=None) -> Blo
     if counts is not None:
         return Blocks(counts, displs if collective == "allgather" else None)
     return Blocks.even(count, N)
+
+
+def per_rank(displs, N: int) -> bool:
+    """True if `displs` gives each rank a layout of its own (a list of N lists)."""
+    return displs is not None and len(displs) == N and all(
+        isinstance(d, (list, tuple)) for d in displs)
 
 
 def make_input(op: str, dtype, count: int, rank: int, seed: int = 0) -> np.ndarray:
@@ -120,7 +127,9 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     Args:
         count: items of the whole vector (all-gather: of all blocks together), split
             into N blocks as `Blocks.even` does; or give `counts` (and, for all-gather,
-            `displs`): ``MPI_Reduce_scatter``'s recvcounts, ``MPI_Allgatherv``'s layout.
+            `displs`): ``MPI_Reduce_scatter``'s recvcounts, ``MPI_Allgatherv``'s layout;
+            `displs` may also be one list per rank, each rank's own layout (MPI allows
+            it: only the counts must agree).
         inputs: each rank's input, of one dtype (all-reduce, reduce-scatter: the vector;
             all-gather: its block; broadcast: the root's vector); default `make_input`.
         in_place: the input is in the receive buffer (``IN_PLACE``).
@@ -132,7 +141,10 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         ScheduleError: deadlock, mismatched pair or overlapping round (see `Sim`).
     """
     fn, scratch_items, name = resolve(collective, algorithm, scratch)
-    blocks = layout(collective, N, count, counts, displs)
+    own = per_rank(displs, N) and collective == "allgather"
+    layouts = [layout(collective, N, count, counts, displs[r] if own else displs)
+               for r in range(N)]  # each rank's own blocks
+    blocks = layouts[0]
     the_op = resolve_op(op)
     dt = np.dtype(dtype) if inputs is None else inputs[0].dtype
     if inputs is None:
@@ -147,9 +159,14 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
             buf = x.copy() if r == root else np.full(x.size, SENTINEL, dt)
             gens.append(fn(comm, buf, root))
         elif collective == "allgather":
-            buf = np.full(blocks.extent, SENTINEL, dt)
-            blocks.view(buf, r)[...] = x
-            gens.append(fn(comm, buf, blocks))
+            mine = layouts[r]
+            buf = np.full(mine.extent, SENTINEL, dt)
+            mine.view(buf, r)[...] = x
+            if mine.packed or fn in ANY_LAYOUT:
+                gens.append(fn(comm, buf, mine))
+            else:  # as plan_allgather: on a packed copy, then to this rank's layout
+                tmp = np.full(mine.total, GARBAGE, dt)
+                gens.append(through_packed(fn, comm, buf, mine, tmp, mine.view(buf, r)))
         else:
             tmp = np.full(scratch_items(blocks), GARBAGE, dt)
             if in_place:
@@ -170,6 +187,9 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     with np.errstate(over="ignore"):  # products may overflow, alike in any order
         sim.run(gens)
         expected = reference(collective, blocks, inputs, the_op, root)
+    if own:  # each rank's result in its own layout
+        expected = [reference(collective, b, inputs, the_op, root)[r]
+                    for r, b in enumerate(layouts)]
     if collective == "reduce_scatter":  # rank r's result is block r of its work vector
         results = [blocks.view(buf, r).copy() for r, buf in enumerate(results)]
     return Outcome(collective, name, N, blocks, dt, the_op, in_place, root, sim, inputs,

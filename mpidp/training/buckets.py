@@ -27,7 +27,8 @@ from __future__ import annotations
 class Bucket:
     """Units (``layers``) whose gradients share one flat buffer and one all-reduce."""
 
-    __slots__ = ("index", "layers", "names", "flat", "pending", "plan", "request", "launched")
+    __slots__ = ("index", "layers", "names", "flat", "pending", "plan", "request", "launched",
+                 "parts")
 
     def __init__(self, index: int, layers: list[int], names: list[str], flat):
         self.index, self.layers, self.names, self.flat = index, layers, names, flat
@@ -35,6 +36,7 @@ class Bucket:
         self.plan = None  # its persistent all-reduce (mpidp.allreduce_init), made once
         self.request = None  # the run in flight (mpidp.Request)
         self.launched = None  # perf_counter time of the last launch
+        self.parts = []  # deterministic mode: the earlier micro-shards' gradients, kept
 
 
 def units(m) -> list[tuple[int, list[str]]]:

@@ -27,8 +27,17 @@ user's messages). ``overlap=False`` launches them after backward; under ``no_syn
 gradients accumulate locally and the next synced backward all-reduces the sum (scale
 dlogits by 1/A for A micro-batches). ``zero=1|2``: sharded data parallelism (`zero.py`).
 
+``deterministic=True``: N ranks give the bits of one rank on the global batch. Every
+backward pass is then one micro-shard (M samples of the global batch, cut the same way
+for any N: `determinism.py`); under ``no_sync()`` each one's gradients are kept, not
+added, and the synced backward launches, per bucket, the exact sum of all the
+micro-shards' gradients on all ranks (`mpidp.iallreduce_parts`, EXACT_AVG: divided once
+by their number), whose bits depend only on the multiset of addends. Pass each
+micro-shard's mean-loss gradient as it is (no 1/A: the average is over micro-shards).
+
 Why N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
-equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding).
+equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding; in
+deterministic mode, exactly).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from mpi4py import MPI
 
 from .. import collectives as mp
 from .buckets import Bucket, make_buckets, units, writers
+from .determinism import check_reproducible
 from .replicas import check_replicas, replicate
 
 MiB = 1 << 20
@@ -79,6 +89,8 @@ class DataParallel:
         tracer: a `mpidp.trace.Tracer` that records layers and buckets.
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
         optimizer, zero: what `step()` runs; zero=1|2 makes a `zero.ShardedDataParallel`.
+        deterministic: bitwise the result of one rank on the global batch (see above);
+            RuntimeError where this process cannot promise it (`determinism.py`).
     """
 
     def __new__(cls, *args, zero: int = 0, **kw):  # zero=1|2: the subclass's __init__ runs
@@ -88,20 +100,25 @@ class DataParallel:
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  overlap: bool = True, algorithm: str = "auto", progress_thread: bool = False,
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
-                 timeout: float | None = None, *, optimizer=None, zero: int = 0):
+                 timeout: float | None = None, *, optimizer=None, zero: int = 0,
+                 deterministic: bool = False):
         mp.check_algorithm("allreduce", algorithm)
+        if deterministic:
+            check_reproducible(model.xp)
         for name, p in model.params.items():  # before any message: plain floats only
             mp.check_buffer(p, f"parameter {name!r}", writable=True)
             mp.AVG.check(p.dtype)
         self._dup = mp.duplicate(comm, with_model=algorithm == "auto")
         self.comm = comm if self._dup is None else self._dup
         self.model, self.overlap, self.algorithm, self.timeout = model, overlap, algorithm, timeout
-        self.optimizer, self.zero = optimizer, zero
+        self.optimizer, self.zero, self.deterministic = optimizer, zero, deterministic
         replicate(model, self.comm)
         if debug:
             self.check_replicas()
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
         for b in self.buckets:  # planned once: each step only starts them
+            if deterministic:  # the exact sum of a step's parts: planned at each launch
+                continue
             b.plan = mp.allreduce_init(self.comm, mp.IN_PLACE, b.flat, op=mp.AVG,
                                        algorithm=algorithm)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}  # completed by unit i
@@ -140,9 +157,13 @@ class DataParallel:
         t0 = self.t_backward = time.perf_counter()
         for b in self.buckets:
             b.pending, b.request, b.launched = len(b.layers), None, None
-        self.model.backward(dlogits, on_grad=self.on_grad, accumulate=self._micro > 0)
+        self.model.backward(dlogits, on_grad=self.on_grad,
+                            accumulate=self._micro > 0 and not self.deterministic)
         t1 = time.perf_counter()
         if not sync:
+            if self.deterministic:  # kept apart: added once, exactly, with the others'
+                for b in self.buckets:
+                    b.parts.append(b.flat.copy())
             self._micro += 1
             self.timings = {"backward": t1 - t0, "exposed_comm": 0.0, "rounds_in_backward": 0}
             return
@@ -153,6 +174,8 @@ class DataParallel:
                 self._launch(b)
         mp.waitall([b.request for b in self.buckets],
                    self.timeout if timeout is None else timeout)
+        for b in self.buckets:
+            b.parts = []
         self._micro = 0
         self.timings = {"backward": t1 - t0, "exposed_comm": time.perf_counter() - t1,
                         "rounds_in_backward": overlapped}
@@ -179,10 +202,27 @@ class DataParallel:
 
     def _launch(self, b: Bucket) -> None:
         b.launched = time.perf_counter()
-        b.plan.Start()
-        b.request = b.plan.request
+        if self.deterministic:
+            b.request = self._exact(b, b.flat)
+        else:
+            b.plan.Start()
+            b.request = b.plan.request
         if self._thread is not None:
             self._work.set()
+
+    def _exact(self, b: Bucket, out, counts=None):
+        """Start the exact average of bucket b's micro-shards, all ranks', into `out`.
+
+        ``counts``: reduce-scatter it instead (ZeRO), rank r's block into its `out`.
+        """
+        parts = [*b.parts, b.flat]
+        addends = self.comm.Get_size() * len(parts)  # every rank runs as many micro-shards
+        if counts is None:
+            return mp.iallreduce_parts(self.comm, parts, out, addends=addends,
+                                       algorithm=self.algorithm, average=True)
+        return mp.ireduce_scatter_parts(self.comm, parts, out, counts, addends=addends,
+                                        algorithm=self.algorithm["reduce_scatter"],
+                                        average=True)
 
     def _progress_loop(self) -> None:
         while not self._stop:
@@ -210,7 +250,8 @@ class DataParallel:
             self._thread.join()
             self._thread = None
         for b in self.buckets:
-            b.plan.Free()
+            if b.plan is not None:
+                b.plan.Free()
         if self._dup is not None:
             self._dup.Free()  # self.comm is now MPI.COMM_NULL: a later collective raises
             self._dup = None

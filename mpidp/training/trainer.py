@@ -33,6 +33,7 @@ from .. import ALGORITHMS, cli, config, watchdog
 from . import checkpoint, outputs
 from .checkpoint import CheckpointError
 from .ddp import DataParallel
+from .determinism import default_micro_batch, micro_shards
 from .optim import OPTIMIZERS, SGD
 from .zero import HALVES
 
@@ -84,6 +85,11 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
                    help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
     p.add_argument("--debug", action="store_true", help="check replicas are identical")
     p.add_argument("--blas-threads", type=count, default=1, help="BLAS threads per rank")
+    p.add_argument("--deterministic", action="store_true",
+                   help="N ranks train bitwise like 1 rank on the global batch")
+    p.add_argument("--micro-batch", type=count, default=None, metavar="M",
+                   help="--deterministic's micro-shard size (default: from the global batch "
+                        "alone, see mpidp.training.determinism.default_micro_batch)")
     return p
 
 
@@ -97,9 +103,30 @@ def checked(p: cli.Parser, argv=None) -> argparse.Namespace:
     if args.zero and args.algorithm not in HALVES:
         p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
                 f"one of {', '.join(HALVES)}")
+    if args.micro_batch is not None and not args.deterministic:
+        p.error("--micro-batch is --deterministic's micro-shard size: pass --deterministic")
+    if args.deterministic:
+        if args.device == "gpu":
+            p.error("--deterministic runs on the CPU only (GPU libraries pick kernels by "
+                    "heuristics)")
+        if args.blas_threads > 1:
+            p.error("--deterministic needs one BLAS thread per rank (--blas-threads 1)")
+        if args.accum_steps > 1:
+            p.error("--deterministic accumulates its micro-shards itself: size them with "
+                    "--micro-batch, not --accum-steps")
+        if args.micro_batch is None:
+            args.micro_batch = default_micro_batch(args.global_batch)
     if args.lr is None:
         args.lr = args.default_lr[args.optimizer]
     return args
+
+
+def micro_batches(args: argparse.Namespace, size: int) -> int:
+    """A, the micro-batches per rank and step: --accum-steps, or with --deterministic the
+    micro-shards of --micro-batch samples (ValueError unless they divide the rank's batch)."""
+    if args.deterministic:
+        return micro_shards(args.global_batch, size, args.micro_batch)
+    return args.accum_steps
 
 
 def make_optimizer(args: argparse.Namespace, model):
@@ -139,7 +166,7 @@ def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataPar
     """`DataParallel` (or its ZeRO subclass) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                         args.algorithm, args.progress_thread, args.debug, tracer,
-                        zero=args.zero, optimizer=opt)
+                        zero=args.zero, optimizer=opt, deterministic=args.deterministic)
 
 
 class Saver:

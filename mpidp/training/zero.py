@@ -103,7 +103,7 @@ class ShardedDataParallel(DataParallel):
                  overlap: bool = True, algorithm="auto", progress_thread: bool = False,
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
                  timeout: float | None = None, *, optimizer=None, zero: int = 1,
-                 prefetch: bool = False):
+                 prefetch: bool = False, deterministic: bool = False):
         if zero not in (1, 2):
             raise ValueError(f"zero must be 1 or 2 for sharded data parallelism, not {zero!r}")
         if optimizer is None:
@@ -117,10 +117,11 @@ class ShardedDataParallel(DataParallel):
         auto = "auto" in halved.values()
         super().__init__(model, comm, bucket_mb, first_bucket_mb, overlap,
                          "auto" if auto else "ring", progress_thread, debug, None,
-                         progress_interval_s, timeout)
+                         progress_interval_s, timeout, deterministic=deterministic)
         self.algorithm, self.zero, self.prefetch = halved, zero, prefetch
         for b in self.buckets:  # the parent's persistent all-reduces: never started, unused
-            b.plan.Free()
+            if b.plan is not None:
+                b.plan.Free()
             b.plan = NO_PLAN
         xp, dtype = model.xp, next(iter(model.params.values())).dtype
         shapes = {name: p.shape for name, p in model.params.items()}
@@ -134,6 +135,8 @@ class ShardedDataParallel(DataParallel):
             model.grads.update(layout.views(flat_grads))
             for b, (start, stop) in zip(self.buckets, layout.ranges, strict=True):
                 b.flat = flat_grads[start:stop]  # fixed: its reduce-scatter is planned once
+                if deterministic:  # the exact sum of a step's parts: planned at each launch
+                    continue
                 b.plan = mp.reduce_scatter_init(self.comm, mp.IN_PLACE, b.flat,
                                                 layout.blocks[b.index].counts, op=mp.AVG,
                                                 algorithm=halved["reduce_scatter"])
@@ -173,12 +176,14 @@ class ShardedDataParallel(DataParallel):
 
     def _launch(self, b) -> None:
         b.launched = time.perf_counter()
-        if b.plan is not NO_PLAN:  # stage 1
+        counts = self.layout.blocks[b.index].counts
+        if self.deterministic:  # my block at the bucket's front, as the in-place call's
+            b.request = self._exact(b, b.flat[:counts[self.comm.Get_rank()]], counts)
+        elif b.plan is not NO_PLAN:  # stage 1
             b.plan.Start()
             b.request = b.plan.request
         else:  # stage 2: a buffer of this backward's, so planned now
-            b.request = mp.ireduce_scatter(self.comm, mp.IN_PLACE, b.flat,
-                                           self.layout.blocks[b.index].counts, op=mp.AVG,
+            b.request = mp.ireduce_scatter(self.comm, mp.IN_PLACE, b.flat, counts, op=mp.AVG,
                                            algorithm=self.algorithm["reduce_scatter"])
         if self._thread is not None:
             self._work.set()

@@ -1,0 +1,290 @@
+"""The exact, order-independent sum on the call path: EXACT_SUM, EXACT_AVG, and sums of parts.
+
+    mpidp.allreduce(comm, x, y, op=mpidp.EXACT_SUM)          # y: the same bits on any N
+    req = mpidp.iallreduce_parts(comm, [g0, g1, g2], out, addends=12)
+
+An exact collective is three passes (prerounding.py has the derivation): a MAX
+all-reduce of a small code per item, the SUM all-reduce (or reduce-scatter) of
+integer words with the chosen algorithm, the conversion back. `exact_rounds`
+chains the two collectives' generators into one generator of rounds, so the
+blocking call, the I-form, the persistent ``*_init`` and `mpidp.Comm` all run it
+through the same `Plan` as any collective, with one tag.
+
+`iallreduce_parts` sums several arrays per rank (a rank may hold any number of
+the addends, none included): the result is bitwise what EXACT_SUM gives on the
+same multiset of addends, however they are spread over ranks, provided every
+rank passes the same total `addends` (the grid depends on it). On a communicator
+of one rank (``MPI.COMM_SELF``, or one `mpidp.sim` rank) it is a local exact sum.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .blocks import Blocks
+from .buffers import array_module, flat
+from .checks import check_buffer
+from .ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
+from .plan import Call, Plan, Setup, planned, signed
+from .prerounding import (
+    Grid,
+    codes,
+    extremes,
+    finish,
+    from_words,
+    grid,
+    magics,
+    special_values,
+    specials,
+    to_words,
+)
+from .schedule import Request, Rounds
+from .topology import locate
+
+# A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
+CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}
+
+
+class Scratch(NamedTuple):
+    """Pooled arrays of one exact collective of `count` items."""
+
+    code: object  # count, the code dtype (n <= 2: none)
+    code_tmp: object  # the MAX algorithm's tmp, code dtype
+    tmp16: object  # count, uint16
+    words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
+    words_tmp: object  # the SUM algorithm's tmp, word dtype
+    m1: object  # count, float64: the magic constants of the two grids
+    m2: object
+    y: object  # count, float64: a word of the second, third ... part
+
+
+def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
+    def take(dt, items):
+        return pool.take(np.empty(0, dt), items)
+
+    grid_items = 0 if g.plain else count
+    return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
+                   take(np.uint16, grid_items), take(g.word, count * g.words),
+                   take(g.word, word_items), take(np.float64, grid_items),
+                   take(np.float64, grid_items if g.words == 2 else 0),
+                   take(np.float64, grid_items))
+
+
+def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
+    """Items lo..hi of word 1 and word 2 (None: one word) as views of W."""
+    if g.words == 1:
+        return W[lo:hi], None
+    if interleaved:
+        return W[2 * lo : 2 * hi : 2], W[2 * lo + 1 : 2 * hi : 2]
+    count = W.size // 2
+    return W[lo:hi], W[count + lo : count + hi]
+
+
+def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
+                 average: bool = False, reduce_scatter: Blocks | None = None) -> Rounds:
+    """The three passes as one generator of rounds (prerounding.py derives them).
+
+    Args:
+        parts: this rank's addends, arrays of out's size and dtype (any number). They
+            may include `out`: every part is read before out is written.
+        out: the result (all-reduce); with `reduce_scatter` (the blocks of the items),
+            this rank's block of it.
+        code_algo, word_algo: the all-reduce (or reduce-scatter) generators for the
+            MAX pass and the SUM pass, ``(comm, buf, blocks, op, tmp)``.
+    """
+    n, rank = comm.Get_size(), comm.Get_rank()
+    W = s.words
+    count = W.size // g.words
+    rs = reduce_scatter is not None
+    if g.plain:  # one addition: a + b == b + a; ranks without addends add -0.0
+        if not rs and not any(np.may_share_memory(x, out) for x in parts[1:]):
+            W = out  # the all-reduce runs in out itself (in place: no copy at all)
+        if not parts:
+            W[...] = -0.0
+        elif parts[0] is not W:
+            np.copyto(W, parts[0])
+        for x in parts[1:]:
+            np.add(W, x, out=W)
+    else:
+        code = s.code
+        if not parts:
+            code[...] = 0  # MAX's identity
+        for i, x in enumerate(parts):
+            codes(x, code, s.tmp16, i == 0)
+        yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
+        w1, w2 = _words(W, g, rs, 0, count)
+        m2 = s.m2 if g.words == 2 else None
+        scaled = magics(code, g, s.m1, m2, s.tmp16)
+        if not parts:
+            W[...] = 0
+        with np.errstate(invalid="ignore", over="ignore"):
+            for i, x in enumerate(parts):
+                to_words(x, s.m1, m2, w1, w2, s.y, i == 0)
+            if scaled.size:
+                extremes(parts, scaled, code, g, w1, w2)
+        special = specials(parts, code, w1, w2, g)
+    if rs:
+        yield from word_algo(comm, W, Blocks([c * g.words for c in reduce_scatter.counts]),
+                             SUM, s.words_tmp)
+        lo = reduce_scatter.displs[rank]
+        hi = lo + reduce_scatter.counts[rank]
+    else:
+        yield from word_algo(comm, W, Blocks.even(W.size, n), SUM, s.words_tmp)
+        lo, hi = 0, count
+    if g.plain:
+        if W is not out:
+            np.copyto(out, W[lo:hi])
+        with np.errstate(invalid="ignore", over="ignore"):
+            suspect = np.isnan(np.add.reduce(out))  # one read: NaN if any item is NaN
+        if suspect:
+            out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
+        if average and g.addends > 1:
+            np.true_divide(out, g.addends, out=out)
+        return
+    w1, w2 = _words(W, g, rs, lo, hi)
+    code = code[lo:hi]
+    special = special[(special >= lo) & (special < hi)] - lo
+    scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
+    values = special_values(w1, w2, special) if special.size else None
+    with np.errstate(invalid="ignore", over="ignore"):
+        from_words(w1, w2, out, code, g, scaled)
+    finish(code, out, g, special, values, average)
+
+
+# ------------------------------------------------------------ the entry points
+
+
+def _check_parts(parts, out) -> list:
+    check_buffer(out, "out", writable=True)
+    if array_module(out) is not __import__("numpy"):
+        raise TypeError("the exact sum takes NumPy arrays (CuPy arrays are not supported)")
+    parts = list(parts)
+    for i, x in enumerate(parts):
+        check_buffer(x, f"parts[{i}]")
+        if x.dtype != out.dtype or x.size != out.size:
+            raise ValueError(f"parts[{i}] is {x.size} items of {x.dtype}, out {out.size} of "
+                             f"{out.dtype}: every part must match out")
+    return [flat(x) for x in parts]
+
+
+def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: int,
+               blocks: Blocks | None = None) -> Plan:
+    """The plan of an exact all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
+
+    Args:
+        parts: this rank's addends, flat arrays of the vector's size.
+        out: the result: the vector (all-reduce) or this rank's block (reduce-scatter).
+        algorithm: for the SUM pass, and the MAX pass (a reduce-scatter's: `CODE_FOR`).
+        addends: over all ranks, the same on every rank.
+    """
+    from . import api  # (api imports this module on its exact path)
+
+    comm = call.comm
+    rs = blocks is not None
+    count = blocks.total if rs else out.size
+    g = grid(out.dtype, addends)
+
+    def setup() -> Setup:
+        collective = "reduce_scatter" if rs else "allreduce"
+        word_name = api.choose(comm, collective, count * g.words * 8, algorithm)
+        code_name = (CODE_FOR[word_name] if rs else
+                     api.choose(comm, "allreduce", count * g.code.itemsize, algorithm))
+        code_algo, code_scratch = api.ALLREDUCE[code_name]
+        word_algo, word_scratch = (api.REDUCE_SCATTER if rs else api.ALLREDUCE)[word_name]
+        word_blocks = (Blocks([c * g.words for c in blocks.counts]) if rs
+                       else Blocks.even(count * g.words, comm.Get_size()))
+        items = (code_scratch(Blocks.even(count, comm.Get_size())), word_scratch(word_blocks))
+        return Setup(signed(collective, (blocks.counts if rs else count, addends), out.dtype, op,
+                            f"{code_name}+{word_name}"),
+                     (code_name, code_algo, word_name, word_algo), blocks, items)
+
+    if call.debug:  # the arguments as passed, before auto's (collective) set-up
+        collective = "reduce_scatter" if rs else "allreduce"
+        api.check_algorithm(collective, algorithm)
+        call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
+                   op=op.name, algorithm=algorithm, addends=addends)
+    key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
+    s = call.setup(key, setup)
+    tag = call.tag(s.signed)
+    code_name, code_algo, word_name, word_algo = s.algo
+    locate(comm, call.state, "allreduce", code_name)
+    locate(comm, call.state, "reduce_scatter" if rs else "allreduce", word_name)
+    scratch = scratch_for(call.state.pool, g, count, *s.scratch)
+    args = (comm, parts, out, g, code_algo, word_algo, scratch, op.divide, blocks)
+    return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
+
+
+@planned
+def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
+               average: bool = False) -> Plan:
+    """Check and set up the exact sum of every rank's `parts` into `out`."""
+    parts = _check_parts(parts, out)
+    if out.dtype.kind not in "f":
+        raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
+                      int(addends))
+
+
+def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
+                     average: bool = False, **kw) -> Request:
+    """Start the exact sum over all ranks of all arrays in `parts` into `out`.
+
+    Args:
+        parts: this rank's addends: arrays of out's size and dtype (float16/32/64); any
+            number of them, none included. They are read until the request completes.
+        out: the result, the same bits on every rank; it may be one of the parts.
+        addends: the number of addends over all ranks, the same on every rank. The
+            result is bitwise EXACT_SUM's over the same multiset of addends.
+        algorithm: the all-reduce algorithm of the SUM pass (and of the MAX pass).
+        average: divide by `addends` (EXACT_AVG).
+        tag, debug: as for every collective.
+    Returns: a Request (``test()``, ``wait()``).
+    """
+    return plan_parts(comm, parts, out, addends, algorithm, average, **kw).start()
+
+
+def allreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
+                    average: bool = False, **kw) -> None:
+    """The blocking `iallreduce_parts`."""
+    plan_parts(comm, parts, out, addends, algorithm, average, **kw).run()
+
+
+def sum_parts(parts, out, *, average: bool = False) -> None:
+    """The local exact sum of `parts` into `out`: `allreduce_parts` on ``MPI.COMM_SELF``."""
+    parts = list(parts)
+    allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average)
+
+
+@planned
+def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
+                  average: bool = False) -> Plan:
+    """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
+    blocks = Blocks(counts)
+    if len(blocks.counts) != call.comm.Get_size():
+        raise ValueError(f"need one count per rank ({call.comm.Get_size()}), got "
+                         f"{len(blocks.counts)}")
+    mine = blocks.counts[call.comm.Get_rank()]
+    check_buffer(out, "out", writable=True)
+    if out.size != mine:
+        raise ValueError(f"out holds {out.size} items, this rank's block {mine}")
+    whole = array_module(out).empty(blocks.total, dtype=out.dtype)  # only for the checks
+    parts = _check_parts(parts, whole)
+    if out.dtype.kind not in "f":
+        raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
+                      int(addends), blocks)
+
+
+def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: str = "auto",
+                          average: bool = False, **kw) -> Request:
+    """Start the exact sum over all ranks of all `parts`, rank r getting block r into `out`.
+
+    As `iallreduce_parts`, with the result scattered: block r (``counts[r]`` items, the
+    blocks packed in rank order) is rank r's `out`. `out` may be the front of one of the
+    parts (an in-place reduce-scatter's place): the parts are read before it is written.
+    `algorithm` is a reduce-scatter name (``"ring"``, ``"recursive_halving"``, ``"auto"``).
+    """
+    return plan_parts_rs(comm, parts, out, counts, addends, algorithm, average, **kw).start()

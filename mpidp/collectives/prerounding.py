@@ -1,0 +1,316 @@
+"""EXACT_SUM and EXACT_AVG: a sum whose bits depend only on the addends, as a multiset.
+
+Float addition is not associative: (1e16 + 1) - 1e16 is 0.0, (1e16 - 1e16) + 1 is
+1.0, so a ring, a halving tree and one rank summing the same numbers disagree in
+the last bits. Pre-rounding (Demmel and Nguyen, "Fast reproducible floating-point
+summation", ARITH 2013; "Parallel reproducible summation", IEEE TC 2015;
+ReproBLAS) makes the sum independent of the order: agree on a grid per item,
+round every addend to it, add the rounded addends where addition is exact (and so
+associative), round once at the end. Three passes, two of them collectives:
+
+    1. MAX all-reduce of a code per item (2 bytes for float64, 1 for float32 and
+       float16): its largest biased exponent, so |x| < 2^e for every addend; the
+       code of inf/nan if any addend is one; 0 if every addend is -0.0 (or a
+       negative subnormal).
+    2. every rank cuts each addend into words on the grid of e, with magic
+       constants m1 = 1.5·2^(e-B1+52), m2 = m1·2^-B2, whose ulps are the grids:
+
+           bit    e-1                          e-B1                   e-B1-B2
+                   |<-------- word 1 --------->|<------- word 2 ------->|
+           x_a     +-----------------------------------+
+           x_b                 +-------------------------------------------+...
+           x_c     +-------+                                       (cut: rounded)
+                   q1 = fl(x + m1) - m1        q2 = fl((x - q1) + m2) - m2
+
+       Every q1 is a multiple of 2^(e-B1) below 2^e, every q2 a multiple of
+       2^(e-B1-B2) below 2^(e-B1), both exact in float64, and both sums of n of
+       them stay below 2^53 steps of their grid (B1 = min(51, 53 - k), B2 =
+       min(52, 54 - k), k = ceil(log2 n)): any order of float64 additions of them
+       is exact, so the SUM all-reduce of the words with any algorithm gives the
+       same W1, W2 on every rank. float32 and float16 need word 1 only.
+    3. out = fl(W1 + W2): W1 + W2 is the sum V of the rounded addends, exactly,
+       and this is its only rounding (float32, float16: float32(W1)).
+
+So an item depends only on its own addends and their number n (``addends``),
+never on the rank count, the algorithm, where the addends are or the rest of the
+buffer. Two addends (n <= 2) need no grid: one addition, a + b == b + a in IEEE
+arithmetic, with -0.0 (the exact identity) from ranks that hold none: plain SUM.
+float64 items near the overflow or tiny (e outside ``FAST``) take the same grid
+with the words scaled by 2^-e, so that the magic constants stay normal floats.
+
+Error bound. S the exact sum, R the result, u = 2^-p the unit roundoff (p = 53,
+24, 11), h the last word's grid step. Rounding each addend to the grid loses at
+most h/2; V is exact; one rounding to nearest costs at most u/(1+u)·|V|:
+
+    |R - S| <= u/(1+u)·|S| + (1+u)·n·h/2          (n <= 2: R = fl(S))
+
+Pairwise summation's bound is γ_k·Σ|x_i|, γ_k = ku/(1-ku) (Higham, "Accuracy and
+Stability of Numerical Algorithms", §4.2). As Σ|x_i| >= 2^(e-1), the second term
+fits into γ_k·Σ|x_i| - u/(1+u)·Σ|x_i| for n up to `most_addends` (2^19 float64,
+2^16 float32, 2^23 float16; `_fits` checks it in rationals); more are refused.
+One addend is itself; subnormal sums are exact where the grid reaches them.
+
+Special values, by fixed rules: a NaN addend gives the canonical quiet NaN, +inf
+with -inf gives NaN, else an infinite addend gives that infinity (the words of
+such an item count +inf and -inf addends, NaN counting as both); an exact zero
+is +0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf.
+Integer dtypes take plain SUM (already exact). EXACT_AVG: the exact sum, then
+divided by n (a second rounding, the same everywhere).
+
+Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes):
+
+    n >= 3:  A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes, 2 x its rounds
+    n <= 2:  A(G)                                          SUM's
+    float32: A(G/4) + A(2G); float16: A(G/2) + A(4G)
+
+plus, per addend, a gather of its code from a table (`code_table`: a strided read)
+and five passes over it (two for float32, float16: one addition and one
+subtraction per word), two gathers of constants per call, and one pass at the
+end, in place in pooled scratch (`exact.Scratch`).
+"""
+
+from __future__ import annotations
+
+import sys
+from fractions import Fraction
+from functools import cache
+from typing import NamedTuple
+
+import numpy as np
+
+LITTLE = sys.byteorder == "little"
+FAST = (-960, 960)  # float64 items whose e lies here take the magic constants (see above)
+
+
+class Grid(NamedTuple):
+    """What the dtype and the number of addends n decide."""
+
+    dtype: np.dtype  # the addends'
+    code: np.dtype  # the pre-pass code: the biased exponent (uint16, uint8)
+    word: np.dtype  # float64, or (n <= 2) the dtype itself
+    words: int  # words per item: 2 (float64), 1
+    B1: int  # bits of word 1: its grid is 2^(e-B1)
+    B2: int  # bits of word 2: its grid is 2^(e-B1-B2) (0: one word)
+    top: int  # the code of inf and nan: every exponent bit set
+    bias: int  # exponent bias (1023, 127, 15)
+    addends: int
+
+    @property
+    def plain(self) -> bool:
+        """n <= 2: one rounded addition, the same in any order (see the docstring)."""
+        return self.addends <= 2
+
+
+def _fits(dtype, n: int, bits: int) -> bool:
+    """Does (1+u)·n·h/2 fit into γ_k·Σ|x| - u/(1+u)·Σ|x|, h = 2^(e-bits), Σ|x| >= 2^(e-1)?"""
+    u = Fraction(1, 2 ** (np.finfo(dtype).nmant + 1))
+    k = (n - 1).bit_length()
+    if k * u >= 1:
+        return False
+    room = k * u / (1 - k * u) - u / (1 + u)
+    return (1 + u) * n * Fraction(1, 2 ** (bits + 1)) <= room / 2
+
+
+def _bits(dtype, k: int) -> tuple[int, int]:
+    """B1, B2 for n addends, k = ceil(log2 n) >= 2: the words' sums stay below 2^53 grid
+    steps (exact in float64), and |x| < m1/3 for the magic constants (B1 <= 51, B2 <= 52)."""
+    return min(51, 53 - k), min(52, 54 - k) if dtype == np.float64 else 0
+
+
+@cache
+def most_addends(name: str) -> int:
+    """The most addends (a power of two) for which every n >= 3 up to it meets the bound
+    (the worst n for each k = ceil(log2 n) is 2^k)."""
+    k = 2
+    while _fits(np.dtype(name), 2 ** (k + 1), sum(_bits(np.dtype(name), k + 1))):
+        k += 1
+    return 2 ** k
+
+
+def grid(dtype, addends: int) -> Grid:
+    """The grid for `addends` addends of `dtype` (float16, float32 or float64)."""
+    dtype = np.dtype(dtype)
+    if dtype.name not in ("float64", "float32", "float16"):
+        raise TypeError(f"exact sum of {dtype}: only float16, float32 and float64 "
+                        "(integers take SUM)")
+    n = int(addends)
+    k = max(n - 1, 0).bit_length()  # ceil(log2 n)
+    info = np.finfo(dtype)
+    bias, top = info.maxexp - 1, 2 * info.maxexp - 1
+    code = np.dtype(np.uint16 if dtype == np.float64 else np.uint8)
+    if n < 0:
+        raise ValueError(f"exact sum of {n} addends")
+    if n <= 2:
+        return Grid(dtype, code, dtype, 1, 0, 0, top, bias, n)
+    B1, B2 = _bits(dtype, k)
+    if n > most_addends(dtype.name):
+        raise ValueError(f"exact sum of {n} addends of {dtype}: the error bound holds for "
+                         f"up to {most_addends(dtype.name)} addends")
+    return Grid(dtype, code, np.dtype(np.float64), 2 if B2 else 1, B1, B2, top, bias, n)
+
+
+# ------------------------------------------------------------ step 1: the code of each item
+
+
+def _top16(x):
+    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view."""
+    v = x.view(np.uint16)
+    per = x.itemsize // 2
+    return v[per - 1 :: per] if LITTLE else v[::per]
+
+
+@cache
+def code_table(name: str, code: str) -> np.ndarray:
+    """The code of every value of an item's 16 high bits: the biased exponent, except that
+    zero and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and
+    negative subnormals, whose sum is zero only if all are -0.0)."""
+    info = np.finfo(np.dtype(name))
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    hi = np.arange(1 << 16, dtype=np.uint32)
+    biased = (hi & 0x7FFF) >> (shift - 1)  # the sign dropped, the mantissa bits shifted out
+    return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
+
+
+def codes(x, out, tmp, first: bool) -> None:
+    """out = (first ? code(x) : max(out, code(x))), item by item (`code_table` says what a
+    code is): x's 16 high bits copied once (a strided read), then shifts on 2 bytes an item."""
+    info = np.finfo(x.dtype)
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    t16 = tmp.view(np.uint16)[: out.size]
+    np.copyto(t16, _top16(x))
+    positive_small = t16 < (1 << (shift - 1))  # +0.0, positive subnormals (1 byte an item)
+    np.left_shift(t16, 1, out=t16)  # the sign dropped
+    np.right_shift(t16, shift, out=t16)
+    np.bitwise_or(t16, positive_small, out=t16)
+    if first:
+        np.copyto(out, t16, casting="unsafe")
+    else:
+        np.maximum(out, t16, out=out, casting="unsafe")
+
+
+# ------------------------------------------------------------ step 2: the words
+
+
+def _range(g: Grid) -> tuple[int, int]:
+    """The codes the magic constants serve: float64 those whose e lies in `FAST`."""
+    if g.words == 2:
+        return FAST[0] + g.bias - 1, FAST[1] + g.bias - 1
+    return 1, g.top - 1
+
+
+@cache
+def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """m1 and m2 for every code: 1.5·2^(e-B1+52) and that times 2^-B2 (codes outside
+    `_range` get their nearest's: their words are made apart, in `extremes`)."""
+    lo, hi = _range(g)
+    e = np.clip(np.arange(g.top + 1), lo, hi) - (g.bias - 1)
+    m1 = np.ldexp(1.5, e - g.B1 + 52)
+    return m1, m1 * 2.0 ** -g.B2
+
+
+def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
+    """m1, m2 per item from the agreed codes (the values of `magic_tables`), written as
+    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) over zeros; returns the
+    float64 items outside `FAST`, whose words `extremes` makes."""
+    lo, hi = _range(g)
+    t16 = tmp.view(np.uint16)[: code.size]
+    np.clip(code, lo, hi, out=t16, casting="unsafe")
+    np.add(t16, 1076 - g.bias - g.B1, out=t16)  # m1's biased exponent: e - B1 + 52 + 1023
+    np.left_shift(t16, 4, out=t16)
+    np.bitwise_or(t16, 0b1000, out=t16)
+    for m, drop in ((m1, 0), (m2, g.B2)) if g.words == 2 else ((m1, 0),):
+        m.fill(0)
+        np.subtract(t16, drop << 4, out=_top16(m))  # m2 = m1·2^-B2: B2 less in the exponent
+    if g.words == 1:
+        return np.zeros(0, np.intp)
+    return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
+
+
+def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
+    """w1 (+)= x rounded to the grid of m1; w2 (+)= the rest rounded to the grid of m2.
+
+    fl(x + m1) - m1 is x rounded to a multiple of ulp(m1) (|x| < m1/3: the sum stays in
+    m1's binade), exactly; x minus it is exact too. All float64 (x: converted on the way).
+    """
+    q1 = w1 if first else tmp
+    np.add(x, m1, out=q1)
+    np.subtract(q1, m1, out=q1)
+    if not first:
+        np.add(w1, q1, out=w1)
+    if w2 is None:
+        return
+    q2 = w2 if first else tmp
+    np.subtract(x, q1, out=q2)  # the rest, |r| <= ulp(m1)/2
+    np.add(q2, m2, out=q2)
+    np.subtract(q2, m2, out=q2)
+    if not first:
+        np.add(w2, q2, out=w2)
+
+
+def extremes(parts, idx, code, g: Grid, w1, w2) -> None:
+    """The float64 items with e outside `FAST` (near the overflow, or tiny): their words
+    scaled by 2^-e (exact), the same grids, so sums cannot overflow nor drop to subnormals."""
+    e = np.maximum(code[idx], 1).astype(np.int64) - (g.bias - 1)
+    m1, m2 = 1.5 * 2.0 ** (52 - g.B1), 1.5 * 2.0 ** (52 - g.B1 - g.B2)
+    s1, s2 = np.zeros(idx.size), np.zeros(idx.size)
+    for x in parts:
+        y = np.ldexp(x[idx], -e)
+        q1 = (y + m1) - m1
+        s1 += q1
+        s2 += ((y - q1) + m2) - m2
+    w1[idx], w2[idx] = s1, s2
+
+
+def specials(parts, code, w1, w2, g: Grid) -> np.ndarray:
+    """Items with an inf or nan addend somewhere: their words count +inf and -inf (nan
+    counts as both). Returns their indices."""
+    idx = np.flatnonzero(code == g.top)
+    if idx.size == 0:
+        return idx
+    plus, minus = np.zeros(idx.size), np.zeros(idx.size)
+    for x in parts:
+        xs = x[idx]
+        nan = np.isnan(xs)
+        plus += (xs == np.inf) | nan
+        minus += (xs == -np.inf) | nan
+    if w2 is not None:
+        w1[idx], w2[idx] = plus, minus
+    else:
+        w1[idx] = plus + minus * float(1 << 24)
+    return idx
+
+
+# ------------------------------------------------------------ step 3: back to floats
+
+
+def special_values(w1, w2, idx):
+    """The results of the special items `idx`, from their summed words: nan, +inf or -inf."""
+    if w2 is not None:
+        plus, minus = w1[idx] > 0, w2[idx] > 0
+    else:
+        plus, minus = np.fmod(w1[idx], 1 << 24) > 0, w1[idx] >= (1 << 24)
+    return np.where(plus & minus, np.nan, np.where(plus, np.inf, -np.inf))
+
+
+def from_words(w1, w2, out, code, g: Grid, scaled) -> None:
+    """out = the float nearest to the summed words: one rounding of an exact value."""
+    if w2 is None:
+        np.copyto(out, w1, casting="same_kind")
+        return
+    np.add(w1, w2, out=out)  # W1 + W2 is V exactly; fl() of it is the only rounding
+    if scaled.size:
+        e = np.maximum(code[scaled], 1).astype(np.int64) - (g.bias - 1)
+        out[scaled] = np.ldexp(w1[scaled] + w2[scaled], e)
+
+
+def finish(code, out, g: Grid, idx, values, average: bool) -> None:
+    """The fixed rules (nan, inf: `values` at `idx`; -0.0), then the average."""
+    if idx.size:
+        out[idx] = values
+    if g.addends:
+        neg = np.flatnonzero(code == 0)  # only -0.0 and negative subnormals: zero iff all -0.0
+        if neg.size:
+            zero = out[neg] == 0
+            out[neg[zero]] = -0.0
+    if average and g.addends > 1:
+        np.true_divide(out, g.addends, out=out)

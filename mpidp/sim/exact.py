@@ -1,0 +1,156 @@
+"""EXACT_SUM in the simulator: its order-independence checked, its bytes counted.
+
+    python -m mpidp.sim check ring --exact --ranks 1-64     # or: check all --exact
+    python -m mpidp.sim volume --exact --ranks 2,4,8,64
+
+`check_exact` runs the exact all-reduce (and reduce-scatter) of every algorithm on
+N simulated ranks, for every N in the range, and requires every rank's result to
+be bitwise the one-rank sum of the same addends (`exact.sum_parts`: all of them
+as parts on one rank), for float64, float32 and float16 and every count shape;
+hard addends (cancellations, the whole exponent range, subnormals, inf and nan).
+It also spreads more addends than ranks unevenly (some ranks hold none) and asks
+for the same bits again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
+from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.buffers import ScratchPool
+from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for, sum_parts
+from mpidp.collectives.prerounding import grid
+
+from .engine import Sim
+
+DTYPES = ("float64", "float32", "float16")
+
+EXACT_NOTE = """\
+EXACT_SUM is two collectives of the chosen algorithm: a MAX all-reduce of a code
+per item (2 bytes per float64 item, 1 per float32 or float16 item: G/4, G/4, G/2)
+and the SUM all-reduce of integer words (two int64 per float64 item, one float64
+per float32 or float16 item: 2G, 2G, 4G). Each moves the algorithm's multiple of
+its own size, so EXACT_SUM moves 2.25 times (float16: 4.5 times) what SUM moves,
+in twice its rounds."""
+
+
+def hard_addends(count: int, n: int, dtype, seed: int = 0) -> list[np.ndarray]:
+    """`n` addends of `count` items that make float sums disagree: huge cancellations,
+    the whole exponent range, subnormals, exact zeros of both signs, some inf and nan."""
+    rng = np.random.default_rng([seed, count, n])
+    dt = np.dtype(dtype)
+    info = np.finfo(dt)
+    lo, hi = np.log2(float(info.smallest_subnormal)), np.log2(float(info.max))
+    out = []
+    for _ in range(n):
+        mag = np.exp2(rng.uniform(lo, hi - 1, count))
+        x = (rng.choice([-1.0, 1.0], count) * mag).astype(dt)
+        kind = rng.integers(0, 16, count)
+        x[kind == 0] = rng.choice([0.0, -0.0], int(np.sum(kind == 0)))
+        x[kind == 1] = np.float64(info.max) * rng.choice([-1, 1], int(np.sum(kind == 1)))
+        x[kind == 2] = rng.integers(-3, 4, int(np.sum(kind == 2))) * info.smallest_subnormal
+        x[kind == 3] = rng.standard_normal(int(np.sum(kind == 3)))  # ordinary magnitudes
+        out.append(x)
+    if count and n > 1:  # cancellation: one addend is minus another, one item a NaN, one inf
+        out[-1][: count // 2] = -out[0][: count // 2]
+        out[rng.integers(n)][rng.integers(count)] = np.nan
+        out[rng.integers(n)][rng.integers(count)] = np.inf
+    return out
+
+
+def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
+                   collective: str = "allreduce", counts=None, average: bool = False,
+                   placement=None):
+    """Run the exact all-reduce (or reduce-scatter, with per-rank `counts`) of `algorithm`
+    on ``len(parts_by_rank)`` simulated ranks; return (each rank's result, the `Sim`)."""
+    N = len(parts_by_rank)
+    dtype = np.dtype(next(p.dtype for parts in parts_by_rank for p in parts))
+    size = next(p.size for parts in parts_by_rank for p in parts)
+    g = grid(dtype, addends)
+    rs = collective == "reduce_scatter"
+    blocks = Blocks(counts) if rs else None
+    code_name = CODE_FOR[algorithm] if rs else algorithm
+    code_algo, code_scratch = ALLREDUCE[code_name]
+    word_algo, word_scratch = (REDUCE_SCATTER if rs else ALLREDUCE)[algorithm]
+    word_blocks = (Blocks([c * g.words for c in counts]) if rs
+                   else Blocks.even(size * g.words, N))
+    sim = Sim(N, placement=None if placement is None else tuple(placement))
+    gens, results = [], []
+    for r, comm in enumerate(sim.comms):
+        out = np.full(blocks.counts[r] if rs else size, 77, dtype)
+        s = scratch_for(ScratchPool(), g, size, code_scratch(Blocks.even(size, N)),
+                        word_scratch(word_blocks))
+        gens.append(exact_rounds(comm, [p.copy() for p in parts_by_rank[r]], out, g, code_algo,
+                                 word_algo, s, average, blocks))
+        results.append(out)
+    sim.run(gens)
+    return results, sim
+
+
+def _same(a, b) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def check_exact(algorithm: str, collective: str = "allreduce", ranks=range(1, 65),
+                dtypes=DTYPES, quick: bool = False) -> tuple[bool, int, str]:
+    """Every N in `ranks`: the exact sum bitwise equal to one rank's on the same addends
+    (`quick`: two count shapes per N, not six).
+
+    Returns (ok, cases run, the first failure or "").
+    """
+    from .check import counts_for
+
+    cases = 0
+    for N in ranks:
+        shapes = counts_for(N)
+        if quick:  # one small shape in turn, and the large one
+            shapes = [shapes[N % 5], shapes[-1]]
+        for j, count in enumerate(shapes):
+            dtype = dtypes[(N + j) % len(dtypes)]
+            if collective == "reduce_scatter":
+                counts = Blocks.even(count, N).counts
+            else:
+                counts = None
+            for spread in (False, True):
+                n = N if not spread else N + 3
+                addends = hard_addends(count, n, dtype, seed=N)
+                one = np.empty(count, dtype)
+                sum_parts(addends, one)
+                if spread:  # rank q holds the addends i with owner[i] == q (some none)
+                    owner = np.random.default_rng(N).integers(0, max(N - 1, 1), n)
+                    by_rank = [[a for a, o in zip(addends, owner, strict=True) if o == q]
+                               for q in range(N)]
+                else:
+                    by_rank = [[a] for a in addends]
+                results, _ = simulate_exact(algorithm, by_rank, n, collective=collective,
+                                            counts=counts)
+                cases += 1
+                blocks = Blocks(counts) if counts is not None else None
+                for r, got in enumerate(results):
+                    want = one if blocks is None else blocks.view(one, r)
+                    if not _same(got, want):
+                        bad = np.flatnonzero(got.view(np.uint8) != want.view(np.uint8))
+                        return False, cases, (
+                            f"{algorithm} ({collective}), N = {N}, count = {count}, {dtype}, "
+                            f"{n} addends{' spread unevenly' if spread else ''}: rank {r} "
+                            f"differs from one rank's exact sum (bytes {bad[:6].tolist()})")
+    return True, cases, ""
+
+
+def exact_volume(ranks, algorithms=None, dtype="float64") -> list[dict]:
+    """Bytes per rank of EXACT_SUM's all-reduce as multiples of G (the vector's bytes):
+    the MAX pass and the SUM pass together."""
+    rows = []
+    for N in ranks:
+        q = 1 << (N.bit_length() - 1)
+        count = 2 * N * q // np.gcd(N, q)
+        for name in algorithms or tuple(ALLREDUCE):
+            by_rank = [[np.ones(count, dtype)] for _ in range(N)]
+            _, sim = simulate_exact(name, by_rank, N)
+            G = count * np.dtype(dtype).itemsize
+            rows.append({"N": N, "algorithm": name, "steps": sim.steps,
+                         "sent": max(sim.bytes_sent) / G, "sent_min": min(sim.bytes_sent) / G,
+                         "recv": max(sim.bytes_received) / G,
+                         "recv_min": min(sim.bytes_received) / G})
+    return rows

@@ -1,0 +1,72 @@
+"""What bitwise-reproducible data parallelism needs, checked before any training.
+
+In deterministic mode (``DataParallel(..., deterministic=True)``) every backward
+pass is one micro-shard of M samples, cut from the global batch the same way
+whatever the number of ranks. A micro-shard's gradient then depends only on its
+samples, provided its forward and backward run the same instructions wherever
+they run: the same shapes (M rows, a contiguous copy), the same NumPy and BLAS
+build, one BLAS thread (a threaded GEMM may split a sum differently). The
+gradients of all micro-shards, on all ranks, are then added by the exact sum
+(`mpidp.iallreduce_parts`), whose result depends only on the multiset of
+addends: N ranks give the bits of one rank on the global batch.
+
+What this module refuses, since it would break that claim silently:
+more than one BLAS thread, MKL without a fixed code path (``MKL_CBWR``), GPU
+arrays (cuBLAS picks kernels by heuristics), and a micro-shard size M that does
+not divide the rank's batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+MAX_RANKS = 8  # the default micro-shard size serves every rank count up to this
+
+
+def default_micro_batch(global_batch: int) -> int:
+    """The default micro-shard size M, from the global batch alone (never from N).
+
+    M = B / lcm{N <= 8 : N divides B}: then M divides the per-rank batch B/N for every
+    rank count N <= 8 that divides B. For example B = 64: N in {1, 2, 4, 8}, lcm 8, M = 8;
+    B = 60: N in {1, 2, 3, 4, 5, 6}, lcm 60, M = 1; B = 48: lcm 24, M = 2.
+    """
+    lcm = math.lcm(*[n for n in range(1, MAX_RANKS + 1) if global_batch % n == 0])
+    return global_batch // lcm
+
+
+def micro_shards(global_batch: int, size: int, micro_batch: int) -> int:
+    """K, the micro-shards per rank and step; ValueError unless M divides the rank's batch."""
+    if micro_batch < 1:
+        raise ValueError(f"the micro-batch must be at least 1, not {micro_batch}")
+    if global_batch % size:
+        raise ValueError(f"global batch {global_batch} does not split over {size} ranks")
+    local = global_batch // size
+    if local % micro_batch:
+        raise ValueError(f"micro-batch {micro_batch} does not divide the per-rank batch "
+                         f"{local} (= global batch {global_batch} / {size} ranks): "
+                         f"deterministic training needs whole micro-shards on every rank")
+    return local // micro_batch
+
+
+def check_reproducible(xp=np) -> None:
+    """RuntimeError if this process cannot compute a micro-shard's gradient reproducibly."""
+    if xp is not np:
+        raise RuntimeError("deterministic training runs on NumPy arrays only: GPU libraries "
+                           "choose kernels (and summation orders) by heuristics")
+    from threadpoolctl import threadpool_info  # a dependency of mpidp (and scikit-learn's)
+
+    for lib in threadpool_info():
+        if lib.get("user_api") != "blas":
+            continue
+        if lib.get("num_threads", 1) > 1:
+            raise RuntimeError(
+                f"deterministic training needs one BLAS thread, and {lib['internal_api']} "
+                f"({lib.get('filepath')}) runs {lib['num_threads']}: run it inside threadpoolctl's "
+                "threadpool_limits(1, user_api='blas') (the trainers' --blas-threads 1 does), "
+                "or set OPENBLAS_NUM_THREADS=1 / MKL_NUM_THREADS=1")
+        if lib.get("internal_api") == "mkl" and not os.environ.get("MKL_CBWR"):
+            raise RuntimeError("deterministic training with MKL needs a fixed code path: "
+                               "set MKL_CBWR (for example MKL_CBWR=COMPATIBLE)")

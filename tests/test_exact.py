@@ -1,0 +1,374 @@
+"""EXACT_SUM / EXACT_AVG: order independence, the error bound, the fixed rules, the bytes.
+
+The oracles: the exact rational sum (`fractions.Fraction`, and `math.fsum`, which
+rounds it correctly) for accuracy; for order independence, the one-rank exact sum
+of the same addends, which every rank of every algorithm must equal bitwise
+(simulated for N = 1..16 here, ``python -m mpidp.sim check all --exact`` for
+1..64); under MPI, the same, and the MPI library's own SUM within its bound.
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp.collectives import cost, prerounding
+from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
+from mpidp.collectives.counting import CountingComm
+from mpidp.sim import exact as sim_exact
+from mpidp.sim.exact import check_exact, hard_addends, simulate_exact
+
+FLOATS = (np.float64, np.float32, np.float16)
+
+
+def exact_sum(parts, i) -> Fraction:
+    return sum((Fraction(float(p[i])) for p in parts), Fraction(0))
+
+
+def pairwise_bound(parts, i, dtype) -> Fraction:
+    """γ_k·Σ|x|, k = ceil(log2 n): pairwise summation's error bound (Higham §4.2)."""
+    n = len(parts)
+    if n == 1:
+        return Fraction(0)
+    u = Fraction(1, 2 ** (np.finfo(dtype).nmant + 1))
+    k = (n - 1).bit_length()
+    return k * u / (1 - k * u) * sum(abs(Fraction(float(p[i]))) for p in parts)
+
+
+def local(parts, dtype=None):
+    out = np.empty(parts[0].size, dtype or parts[0].dtype)
+    mpidp.sum_parts(parts, out)
+    return out
+
+
+def same_bits(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def finite_hard(count, n, dtype, seed):
+    """Hard addends without inf/nan: cancellations, the whole range, subnormals, zeros."""
+    parts = hard_addends(count, n, dtype, seed)
+    for p in parts:
+        p[~np.isfinite(p)] = 0
+    return parts
+
+
+# ------------------------------------------------------------ accuracy
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17, 64])
+def test_error_within_pairwise_bound(dtype, n):
+    """|R - S| <= γ_k Σ|x| on hard addends; the result never worse than 1/2 ulp plus the grid."""
+    with np.errstate(over="ignore"):
+        parts = finite_hard(120, n, dtype, seed=n)
+        if n >= 2:  # the hardest case for the bound: same signs, no cancellation at all
+            parts[1][:20] = parts[0][:20]
+        got = local(parts)
+    info = np.finfo(dtype)
+    for i in range(got.size):
+        S = exact_sum(parts, i)
+        if abs(S) > Fraction(float(info.max)):  # beyond the range (only huge addends)
+            continue
+        err = abs(Fraction(float(got[i])) - S)
+        assert err <= pairwise_bound(parts, i, dtype), (i, [float(p[i]) for p in parts])
+
+
+def test_float64_is_correctly_rounded_where_the_grid_holds_every_bit():
+    """Addends within 2^36 of each other: every bit lies on the grid (B1 + B2 = 107 - 2k >=
+    36 + 53 for n <= 64), so V = S and the result is fsum's, the correctly rounded sum."""
+    rng = np.random.default_rng(1)
+    for n in (3, 8, 64):
+        g = prerounding.grid(np.float64, n)
+        assert g.B1 + g.B2 >= 36 + 53 + 1
+        parts = [rng.choice([-1.0, 1.0], 500) * rng.uniform(1, 2, 500)
+                 * np.exp2(rng.integers(-30, 6, 500)) for _ in range(n)]
+        parts[1][:100] = -parts[0][:100]  # exact cancellation of the largest, for some items
+        got = local(parts)
+        want = np.array([math.fsum(p[i] for p in parts) for i in range(500)])
+        assert same_bits(got, want), np.flatnonzero(got != want)[:5]
+
+
+def test_one_addend_is_itself():
+    """One addend comes back bit for bit (-0.0, subnormals, ±max, inf), NaN as the canonical NaN."""
+    for dtype in FLOATS:
+        x = hard_addends(300, 2, dtype)[0]
+        x[:3] = [np.nan, -np.inf, -0.0]
+        want = np.where(np.isnan(x), np.array(np.nan, dtype), x)
+        assert same_bits(local([x]), want)
+
+
+def test_subnormals_sum_exactly():
+    for dtype in FLOATS:
+        tiny = np.finfo(dtype).smallest_subnormal
+        rng = np.random.default_rng(2)
+        parts = [(rng.integers(-1000, 1000, 200) * tiny).astype(dtype) for _ in range(7)]
+        got = local(parts)
+        want = np.sum(np.stack(parts).astype(np.float64), axis=0).astype(dtype)  # exact here
+        assert np.array_equal(got, want)
+
+
+# ------------------------------------------------------------ the fixed rules
+
+
+INF, NAN = np.inf, np.nan
+RULES = [  # addends, result ("nan", "+0", "-0" or a number)
+    ([NAN, 1.0], "nan"), ([1.0, -NAN], "nan"), ([INF, -INF], "nan"), ([INF, NAN], "nan"),
+    ([INF, 1.0, INF], INF), ([-INF, 5.0], -INF), ([-0.0, -0.0], "-0"), ([-0.0], "-0"),
+    ([-0.0, 0.0], "+0"), ([1.0, -1.0], "+0"), ([-1.0, 1.0, -0.0], "+0"), ([0.0], "+0"),
+    (["max", "max"], INF), (["-max", "-max", 1.0], -INF), (["max", "max", "-max"], "max"),
+    (["-tiny", "tiny"], "+0"), (["-tiny", -0.0], "-tiny"),
+    # three addends and more take the grid: the same rules
+    ([NAN, 1.0, 2.0], "nan"), ([1.0, 2.0, -NAN, 3.0], "nan"), ([INF, -INF, 1.0], "nan"),
+    ([INF, 1.0, 2.0], INF), ([-INF, 1.0, -INF], -INF), ([-0.0, -0.0, -0.0], "-0"),
+    ([-0.0, 0.0, -0.0], "+0"), ([1.0, -1.0, -0.0], "+0"), ([-0.0, -0.0, -0.0, 0.0], "+0"),
+    (["max", "max", 1.0], INF), (["-max", "-max", "-max"], -INF),
+    (["max", "max", "-max", 0.0], "max"), (["-tiny", "tiny", -0.0], "+0"),
+    (["-tiny", -0.0, -0.0], "-tiny"),
+]
+
+
+def _value(a, dtype):
+    info = np.finfo(dtype)
+    names = {"max": info.max, "-max": -info.max, "tiny": info.smallest_subnormal,
+             "-tiny": -info.smallest_subnormal}
+    return np.array(names.get(a, a) if isinstance(a, str) else a, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_special_values_follow_fixed_rules_in_every_order(dtype):
+    rng = np.random.default_rng(3)
+    for addends, want in RULES:
+        vals = [_value(a, dtype) for a in addends]
+        w = want if want in ("nan", "+0", "-0") else _value(want, dtype)
+        for _trial in range(4):  # orders, and beside other items of the buffer
+            order = rng.permutation(len(vals))
+            parts = [np.array([rng.standard_normal(), vals[j], 3.0], dtype) for j in order]
+            with np.errstate(over="ignore", invalid="ignore"):
+                got = local(parts)[1]
+            if w == "nan":
+                assert np.array(got).tobytes() == np.array(np.nan, dtype).tobytes(), addends
+            elif w in ("+0", "-0"):
+                assert got == 0 and np.signbit(got) == (w == "-0"), (addends, got)
+            else:
+                assert np.array(got).tobytes() == w.tobytes(), (addends, got, w)
+
+
+def test_average_and_integers():
+    x = [np.array([1.0, 2.0, 4.0]), np.array([2.0, 2.0, 5.0])]
+    out = np.empty(3)
+    mpidp.sum_parts(x, out, average=True)
+    assert out.tolist() == [1.5, 2.0, 4.5]
+    assert mpidp.resolve_op("exact_sum") is mpidp.EXACT_SUM
+    assert mpidp.resolve_op("EXACT_AVG") is mpidp.EXACT_AVG
+
+
+def test_refuses_what_the_bound_does_not_cover():
+    with pytest.raises(ValueError, match="up to 65536 addends"):
+        prerounding.grid(np.float32, 2 ** 16 + 1)
+    prerounding.grid(np.float32, 2 ** 16)
+    with pytest.raises(TypeError, match="float16, float32 and float64"):
+        prerounding.grid(np.complex128, 2)
+    with pytest.raises(ValueError, match="every part must match"):
+        mpidp.sum_parts([np.zeros(3), np.zeros(4)], np.zeros(3))
+    with pytest.raises(TypeError, match="op 'exact_avg' is not defined on dtype int64"):
+        mpidp.allreduce(MPI.COMM_SELF, np.zeros(3, np.int64), np.zeros(3, np.int64),
+                        op=mpidp.EXACT_AVG)
+
+
+# ------------------------------------------------------------ order independence (simulated)
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [("allreduce", a) for a in ALLREDUCE] +
+                         [("reduce_scatter", a) for a in REDUCE_SCATTER])
+def test_sim_every_algorithm_bitwise_equals_one_rank(collective, algorithm):
+    """N = 1..8, 11, 16: every rank's bits equal one rank's exact sum of the same addends,
+    also with more addends than ranks, spread unevenly (one rank holds none)."""
+    ok, cases, problem = check_exact(algorithm, collective, [*range(1, 9), 11, 16], quick=True)
+    assert ok, problem
+    assert cases >= 40
+
+
+def test_sim_check_fails_for_an_order_dependent_sum(monkeypatch):
+    """The check can fail: a plain float sum (the parts added, then a ring SUM) is caught."""
+    from mpidp.collectives.blocks import Blocks
+    from mpidp.collectives.ops import SUM
+    from mpidp.collectives.ring import ring_allreduce
+
+    def plain(comm, parts, out, g, *args):
+        out[...] = 0
+        for p in parts:
+            out += p
+        tmp = np.empty(out.size, out.dtype)
+        yield from ring_allreduce(comm, out, Blocks.even(out.size, comm.Get_size()), SUM, tmp)
+
+    monkeypatch.setattr(sim_exact, "exact_rounds", plain)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok, _, problem = check_exact("ring", "allreduce", [2, 3, 5])
+    assert not ok and "differs from one rank's exact sum" in problem
+
+
+def test_sim_the_rest_of_the_buffer_and_the_placement_do_not_matter():
+    """An item's bits depend only on its own addends: the same addends beside other items,
+    at another place in the buffer, on other ranks, give the same bits."""
+    parts = finite_hard(64, 5, np.float64, seed=9)
+    one = local(parts)
+    for N in (2, 3, 5):
+        shuffled = np.random.default_rng(N).permutation(5)
+        by_rank = [[parts[j] for j in shuffled if j % N == r] for r in range(N)]
+        got, _ = simulate_exact("rabenseifner", by_rank, 5)
+        assert all(same_bits(g, one) for g in got)
+    rolled = [np.concatenate([np.roll(p, 7), np.full(9, 1e300)]) for p in parts]
+    assert same_bits(np.roll(local(rolled)[:64], -7), one)
+
+
+def test_sim_bytes_are_the_two_passes():
+    """EXACT_SUM moves the code pass (G/4) plus the words (2G) for float64 and float32; two
+    addends (N = 2) are one addition, plain SUM's bytes."""
+    for dtype, per_item in (("float64", 2 + 16), ("float32", 1 + 8)):
+        for N in (2, 3, 4, 8):
+            count = 24 * N
+            _, sim = simulate_exact("ring", [[np.ones(count, dtype)] for _ in range(N)], N)
+            per = np.dtype(dtype).itemsize if N == 2 else per_item
+            assert sim.bytes_sent == [2 * (N - 1) * count * per // N] * N
+
+
+# ------------------------------------------------------------ across ranks (MPI)
+
+
+def _inputs(count, dtype, rank, seed):
+    return finite_hard(count, 1, dtype, seed=1000 * seed + rank)[0]
+
+
+def _check_all_forms(comm, count, dtype, seed, forms=True):
+    """Every algorithm, and (`forms`) every entry point; the oracle is the one-rank exact sum
+    of all ranks' inputs."""
+    N, r = comm.Get_size(), comm.Get_rank()
+    xs = [_inputs(count, dtype, q, seed) for q in range(N)]  # every rank's, known to all
+    x = xs[r]
+    want = local(xs) if count else np.empty(0, dtype)
+    avg = want / np.array(N, dtype) if N > 1 else want
+    c = mpidp.Comm(comm)
+    for algorithm in mpidp.ALGORITHMS["allreduce"]:
+        y = np.full(count, 7, dtype)
+        mpidp.allreduce(comm, x, y, op=mpidp.EXACT_SUM, algorithm=algorithm)
+        assert same_bits(y, want), ("allreduce", algorithm)
+        if not forms:
+            continue
+        y[...] = x
+        mpidp.iallreduce(comm, mpidp.IN_PLACE, y, op="exact_sum", algorithm=algorithm).wait()
+        assert same_bits(y, want), ("iallreduce in place", algorithm)
+        req = mpidp.allreduce_init(comm, x, y, op=mpidp.EXACT_AVG, algorithm=algorithm)
+        for _ in range(2):
+            y[...] = 0
+            req.Start()
+            req.Wait()
+            assert same_bits(y, avg), ("allreduce_init avg", algorithm)
+        req.Free()
+        y = np.full(count, 7, dtype)
+        c.Iallreduce(x, y, op=mpidp.EXACT_SUM, algorithm=algorithm).Wait()
+        assert same_bits(y, want), ("Comm.Iallreduce", algorithm)
+    per = count // N
+    for algorithm in mpidp.ALGORITHMS["reduce_scatter"] if forms else ():
+        y = np.full(per, 7, dtype)
+        mpidp.reduce_scatter(comm, x[: per * N], y, op=mpidp.EXACT_SUM, algorithm=algorithm)
+        block = local([v[: per * N] for v in xs])[r * per:(r + 1) * per] if per else y[:0]
+        assert same_bits(y, block), ("reduce_scatter", algorithm)
+        z = x[: per * N].copy()
+        c.Reduce_scatter_block(MPI.IN_PLACE, z, op=mpidp.EXACT_SUM, algorithm=algorithm)
+        assert same_bits(z[:per], block) and same_bits(z[per:], x[per:per * N]), algorithm
+    # MPI's own SUM agrees within pairwise's bound (a sanity oracle we did not write)
+    if dtype == np.float64 and count:
+        native = np.empty(count)
+        comm.Allreduce(x, native, op=MPI.SUM)
+        bound = N * 2.3e-16 * np.sum(np.abs(np.stack(xs)), axis=0)
+        assert np.all(np.abs(native - want) <= bound)
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 5, 8], timeout=240)
+def test_mpi_every_form_and_algorithm_equals_one_rank(mpi_ranks):
+    """Counts 0, 1, < N, not divisible, divisible; every form at one of them."""
+    comm = MPI.COMM_WORLD
+    cost.set_model(comm, *cost.DEFAULT)  # "auto" without calibrating (seconds under load)
+    N = comm.Get_size()
+    for i, count in enumerate((0, 1, max(N - 1, 1), 2 * N + 1, 64 * N)):
+        _check_all_forms(comm, count, FLOATS[i % 3], seed=i, forms=i in (0, 3))
+    # integers: EXACT_SUM is SUM
+    xi = np.arange(10, dtype=np.int32) * (comm.Get_rank() + 1)
+    yi, zi = np.empty_like(xi), np.empty_like(xi)
+    mpidp.allreduce(comm, xi, yi, op=mpidp.EXACT_SUM)
+    comm.Allreduce(xi, zi, op=MPI.SUM)
+    assert np.array_equal(yi, zi)
+
+
+@pytest.mark.mpi(ranks=[1, 2, 4, 7], timeout=120)
+def test_mpi_parts_spread_unevenly(mpi_ranks):
+    """Rank r holds r addends (rank 0 none), or all are on the last rank: the same bits."""
+    comm = MPI.COMM_WORLD
+    cost.set_model(comm, *cost.DEFAULT)
+    N, r = comm.Get_size(), comm.Get_rank()
+    total = N * (N - 1) // 2 or 1
+    everything = finite_hard(301, total, np.float64, seed=N)
+    want = local(everything)
+    start = r * (r - 1) // 2
+    mine = everything[start:start + r] if N > 1 else everything
+    for algorithm in ("auto", "ring", "recursive_doubling"):
+        out = np.empty(301)
+        mpidp.iallreduce_parts(comm, mine, out, addends=total, algorithm=algorithm).wait()
+        assert same_bits(out, want), algorithm
+        out[...] = 0
+        mpidp.allreduce_parts(comm, everything if r == N - 1 else [], out, addends=total)
+        assert same_bits(out, want)
+
+
+@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
+def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
+    """The ring moves 2(N-1)/N of each pass: codes (2 B, 1 B per item) and words (16 B, 8 B),
+    2.25 times SUM's bytes; N = 2 (two addends, one addition): SUM's bytes."""
+    comm = MPI.COMM_WORLD
+    N = comm.Get_size()
+    count = 40 * N
+    for dtype, code, words in ((np.float64, 2, 16), (np.float32, 1, 8)):
+        counter = CountingComm(comm)
+        x = np.ones(count, dtype)
+        y = np.empty_like(x)
+        mpidp.allreduce(counter, x, y, op=mpidp.EXACT_SUM, algorithm="ring")
+        if N == 2:
+            assert counter.bytes_sent == x.nbytes * (N - 1) * 2 // N
+        else:
+            assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
+            assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
+        assert np.all(y == N)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_codes_and_magic_constants_match_their_tables(dtype):
+    """The shifts that make codes and magic constants give what the tables spell out."""
+    x = hard_addends(4000, 1, dtype, seed=5)[0]
+    code, t16 = np.empty(x.size, prerounding.grid(dtype, 3).code), np.empty(x.size, np.uint16)
+    prerounding.codes(x, code, t16, True)
+    assert np.array_equal(code, prerounding.code_table(np.dtype(dtype).name,
+                                                       code.dtype.name)[prerounding._top16(x)])
+    g = prerounding.grid(dtype, 7)
+    m1, m2 = np.empty(x.size), np.empty(x.size)
+    prerounding.magics(code, g, m1, m2, t16)
+    t1, t2 = prerounding.magic_tables(g)
+    assert np.array_equal(m1, t1[code]) and (g.words == 1 or np.array_equal(m2, t2[code]))
+
+
+def test_sim_cli_check_and_volume(capsys):
+    """`python -m mpidp.sim check ALGO --exact` and `volume --exact` run and say so."""
+    from mpidp.sim.__main__ import main
+
+    assert main(["check", "ring", "--exact", "--ranks", "1-3", "--quick"]) == 0
+    assert "mpidp.sim check ring --exact (allreduce), N = 1-3: ok" in capsys.readouterr().out
+    assert main(["volume", "--exact", "--ranks", "2,3,4"]) == 0
+    rows = {line.split("|")[0].strip(): line for line in capsys.readouterr().out.splitlines()
+            if "|" in line}
+    assert rows["2"].split("|")[1].split()[0] == "1.000"  # two addends: SUM's bytes
+    assert rows["3"].split("|")[1].split()[0] == "3.000"  # ring: 2.25 · 2(N-1)/N
+    assert rows["4"].split("|")[1].split()[0] == "3.375"
