@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from . import Unreadable, diagnose, load, ranks_text, short
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the diagnosis as JSON")
     p.add_argument("--plot", metavar="FILE", help="draw the waits-for graph to FILE (PNG)")
     args = p.parse_args(argv)
+    if argv is None:  # as a command: `| head` ends it quietly, as it does other tools
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         d = diagnose(load(args.folder))
     except Unreadable as e:
