@@ -62,6 +62,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp a
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
 TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
+PERSISTENT = "persistent"  # a *_init collective: in flight while its last Start's request is
 
 
 def keep() -> int:
@@ -255,12 +256,15 @@ def _entry(e: list, frames) -> dict:
         d["collective"] = e[SIGNED].collective
         d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)
                   for k, v in e[SIGNED].description.items()})
+    if e[STATE] == PERSISTENT:  # one entry for every start: the last one's state
+        req = e[REQUEST]
+        d["state"] = PERSISTENT if req is None or req.done else STARTED
     failed = getattr(e[REQUEST], "error", None)  # the I-form's own work raised as it ran
     if failed is not None and e[ERROR] is None:
         d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
     if e[ERROR] is not None:
         d["error"] = e[ERROR]
-    if e[STATE] in (PLANNED, STARTED, TIMED_OUT):
+    if d["state"] in (PLANNED, STARTED, TIMED_OUT):
         d.update(_live(e, frames))
     return d
 

@@ -78,6 +78,24 @@ SCENARIOS = {
             comm.Recv(np.empty(1), source=0, tag=7)  # <site>
         mpidp.allreduce(comm, MPI.IN_PLACE, x)
     """, [], "p2p", [4], 1),
+    "ddp": (3, """
+        model = mpidp.MLP([4, 8, 8, 3], seed=0)
+        dp = mpidp.DataParallel(model, comm, bucket_mb=1e-4, first_bucket_mb=1e-4)
+        real = model.backward
+
+        def broken(dout, on_grad=None, **kw):  # one layer's gradients, then it raises
+            on_grad(len(model.params) // 2 - 1)
+            raise FloatingPointError("overflow in layer 2")
+
+        for step in range(3):
+            xb = np.random.default_rng(rank).normal(size=(5, 4)).astype(np.float32)
+            loss, dlogits = mpidp.softmax_cross_entropy(dp.forward(xb), np.zeros(5, int))
+            model.backward = broken if (rank, step) == (1, 1) else real
+            try:
+                dp.backward(dlogits)  # <site>
+            except FloatingPointError:
+                pass  # carries on to the next step, a bucket of this one still in flight
+    """, [], "exception", [1], None),
 }
 DEADLINE_S = "3"
 
@@ -157,6 +175,12 @@ def test_the_doctor_names_the_rank_the_call_and_the_cause(diagnosed, name):
         assert cause["seq"] == seq, cause
     first = t.stdout.splitlines()[0]
     assert first.startswith("cause: ") and ranks_named(first, ranks), t.stdout
+    if name == "ddp":  # the next step's Start of the bucket still in flight raised
+        assert "Start of a persistent collective that is still active" in first, first
+        # the buckets' persistent all-reduces: the others wait in one, started (its Start
+        # recorded on the entry made at DataParallel's construction)
+        assert {f["rank"] for f in d["in_flight"] if f["state"] == "started"} >= {0, 2}, \
+            d["in_flight"]
     if name != "killed":  # a killed rank has no call site; the others name it
         assert f"{name}.py:{site_line(name)}" in first, (first, site_line(name))
         assert sorted(d["records"]) == list(range(n)), d["records"]

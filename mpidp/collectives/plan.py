@@ -88,6 +88,8 @@ class Call:
         rec = self.state.flight  # the flight recorder's entry (mpidp.flight), or None
         self.entry = None if rec is None else rec.add(
             None if self.slot is None else self.state.started - 1)
+        if persistent and self.entry is not None:  # started many times, on one entry
+            self.entry[STATE] = flight.PERSISTENT
         if persistent and self.slot is not None:
             try:
                 self.state.hold(self.slot)
@@ -148,7 +150,8 @@ class Call:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED):
+        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED,
+                                                            flight.PERSISTENT):
             self.entry[STATE] = flight.COMPLETE  # (or failed while it ran: Request.error)
 
     def failed(self, e: BaseException) -> None:

@@ -314,8 +314,9 @@ def _cause(d, comms, failed) -> dict:
                 "seq": e and e["seq"], "site": None, "text": text}
     if d["raised"]:
         r = min(d["raised"])
+        site = d["where"][r].get("site")
         return {"kind": "exception", "ranks": sorted(d["raised"]), "comm": None, "seq": None,
-                "site": d["where"][r].get("site"), "text": f"rank {r}: {d['raised'][r]}"}
+                "site": site, "text": f"rank {r} raised at {site}: {d['raised'][r]}"}
     if first and first["behind"]:
         behind = first["behind"]
         kinds = {r: d["where"][r]["kind"] for r in behind}
