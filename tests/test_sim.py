@@ -5,6 +5,7 @@ No MPI here: N ranks run in this one process.
 """
 
 import inspect
+import time
 
 import numpy as np
 import pytest
@@ -177,6 +178,60 @@ def test_bad_peers_buffers_and_comm_calls_are_reported():
         run(2, lambda r, N: iter([[Send(np.zeros(4)[::2], 1 - r), Recv(np.zeros(2), 1 - r)]]))
     with pytest.raises(AttributeError, match="yields rounds of Send/Recv"):
         SimComm(0, 2).Isend(np.zeros(1), 1)
+
+
+@pytest.mark.parametrize("bad, says", [
+    (lambda: Send(np.zeros(2), 0), r"a round is a list of Send and Recv, got Send\("),
+    (lambda: None, "a round is a list of Send and Recv, got None"),
+    (lambda: (Recv(np.zeros(2), 0),), r"a round is a list of Send and Recv, got \(Recv\("),
+    (lambda: [np.zeros(2)], "a round holds Send and Recv only, not array"),
+    (lambda: [Send([0.0, 1.0], 0)], "the Send's buffer is a list, not a NumPy array"),
+    (lambda: [Recv(None, 0)], "the Recv's buffer is a NoneType, not a NumPy array"),
+    (lambda: [Send(np.zeros(4)[::2], 0)], "the Send's buffer is not contiguous"),
+    (lambda: [Send(np.zeros(1), 1.0)], r"peer 1\.0 is not a rank of 3"),
+])
+def test_a_round_that_is_not_a_list_of_messages_on_arrays_names_rank_and_round(bad, says):
+    """Rank 2 yields a good round, then the bad one, to a rank that finished long ago: the
+    error is what is wrong with the round, not a deadlock, and not a traceback from inside."""
+    def second_round_bad(rank, N):
+        if rank == 2:
+            yield [Send(np.zeros(2), 0)]
+            yield bad()
+        elif rank == 0:
+            yield [Recv(np.zeros(2), 2)]
+
+    with pytest.raises(ScheduleError, match=f"step 1: rank 2, round 1: {says}"):
+        run(3, second_round_bad)
+
+
+def test_a_generator_that_never_yields_is_stopped_after_its_timeout():
+    def spins(rank, N):
+        yield []
+        while rank == 1:  # no yield: under MPI, a hang
+            pass
+        yield []
+
+    t0 = time.monotonic()
+    with pytest.raises(ScheduleError, match=r"step 1: rank 1, after round 0: the algorithm ran "
+                       r"for more than 0\.3 s without yielding"):
+        Sim(3, timeout=0.3).run(spins(r, 3) for r in range(3))
+    assert time.monotonic() - t0 < 10  # 0.3 s, and the watchdog's tick, on a loaded machine
+
+
+def test_the_timeout_catches_a_loop_that_swallows_exceptions_and_leaves_no_trace():
+    def stubborn(rank, N):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # not enough to stop the watchdog
+                pass
+        yield []
+
+    with pytest.raises(ScheduleError, match="without yielding"):
+        Sim(1, timeout=0.2).run([stubborn(0, 1)])
+    time.sleep(0.5)  # nothing pending: a late stop must not land here
+    assert run(2, lambda r, N: iter([[]])).steps == 1
 
 
 # ------------------------------------------------------------------ counters and matching

@@ -18,8 +18,8 @@ import pytest
 from mpidp.collectives.fold import fold, on_real_ranks, virtual
 from mpidp.collectives.halving import halving_scratch
 from mpidp.collectives.schedule import Recv, Send
-from mpidp.sim import COLLECTIVES, names, simulate
-from mpidp.sim.check import check, counts_for, pairs
+from mpidp.sim import COLLECTIVES, check, names, simulate
+from mpidp.sim.conformance import counts_for, pairs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = [(c, a) for c in COLLECTIVES for a in names(c)]
@@ -33,7 +33,7 @@ def test_every_shipped_algorithm_passes_for_1_to_64_ranks(collective, algorithm)
 
 
 def test_the_quick_cases_cover_every_count_shape_op_and_dtype():
-    from mpidp.sim.check import cases
+    from mpidp.sim.conformance import cases
 
     seen = list(cases("allreduce", range(1, 65), quick=True))
     shapes = {counts_for(c.N).index(c.count) for c in seen if c.count in counts_for(c.N)}
