@@ -273,3 +273,20 @@ def test_ring_steps_rounds_and_reductions():
     assert out.sim.steps == 8 and out.sim.rounds == [8] * 5
     assert out.sim.reduced == [40] * 5  # 4 blocks of 10 reduced per rank
     assert set(out.sim.links) == {(r, (r + 1) % 5) for r in range(5)}  # a ring, to the right
+
+
+def test_a_run_that_moves_no_data_counts_what_the_real_run_counts():
+    """`data=False` (volume, predict): the same messages, rounds, reductions and steps."""
+    counters = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "rounds",
+                "reduced", "steps", "links")
+    for collective in COLLECTIVES:
+        for name in names(collective):
+            for N in (1, 3, 4, 6):
+                real = simulate(collective, name, N, 4 * N + 1, dtype="int32", root=N - 1)
+                tally = simulate(collective, name, N, 4 * N + 1, dtype="int32", root=N - 1,
+                                 data=False)
+                for counter in counters:
+                    assert getattr(tally.sim, counter) == getattr(real.sim, counter), \
+                        (collective, name, N, counter)
+    with pytest.raises(ValueError, match="data=False"):
+        tally.problems()
