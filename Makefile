@@ -36,7 +36,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
-.PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table clean
+.PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table sim-page \
+        clean
 
 setup: $(STAMP)
 
@@ -150,6 +151,11 @@ zero-table: $(STAMP)
 	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench zero --timing --json docs/bench/zero-n$$n.json || exit 1; \
 	done
 	$(PY) -m mpidp.bench zero --report docs/bench --doc docs/zero.md
+
+# `make sim-page`: rerun every `$ python -m mpidp.sim` block of docs/simulator.md and write what
+# the program prints into the page (tests/test_sim_page.py says when a block drifts)
+sim-page: $(STAMP)
+	$(PY) -m mpidp.sim.page docs/simulator.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

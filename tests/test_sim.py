@@ -5,6 +5,7 @@ No MPI here: N ranks run in this one process.
 """
 
 import inspect
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +180,60 @@ def test_bad_peers_buffers_and_comm_calls_are_reported():
         SimComm(0, 2).Isend(np.zeros(1), 1)
 
 
+@pytest.mark.parametrize("bad, says", [
+    (lambda: Send(np.zeros(2), 0), r"a round is a list of Send and Recv, got Send\("),
+    (lambda: None, "a round is a list of Send and Recv, got None"),
+    (lambda: (Recv(np.zeros(2), 0),), r"a round is a list of Send and Recv, got \(Recv\("),
+    (lambda: [np.zeros(2)], "a round holds Send and Recv only, not array"),
+    (lambda: [Send([0.0, 1.0], 0)], "the Send's buffer is a list, not a NumPy array"),
+    (lambda: [Recv(None, 0)], "the Recv's buffer is a NoneType, not a NumPy array"),
+    (lambda: [Send(np.zeros(4)[::2], 0)], "the Send's buffer is not contiguous"),
+    (lambda: [Send(np.zeros(1), 1.0)], r"peer 1\.0 is not a rank of 3"),
+])
+def test_a_round_that_is_not_a_list_of_messages_on_arrays_names_rank_and_round(bad, says):
+    """Rank 2 yields a good round, then the bad one, to a rank that finished long ago: the
+    error is what is wrong with the round, not a deadlock, and not a traceback from inside."""
+    def second_round_bad(rank, N):
+        if rank == 2:
+            yield [Send(np.zeros(2), 0)]
+            yield bad()
+        elif rank == 0:
+            yield [Recv(np.zeros(2), 2)]
+
+    with pytest.raises(ScheduleError, match=f"step 1: rank 2, round 1: {says}"):
+        run(3, second_round_bad)
+
+
+def test_a_generator_that_never_yields_is_stopped_after_its_timeout():
+    def spins(rank, N):
+        yield []
+        while rank == 1:  # no yield: under MPI, a hang
+            pass
+        yield []
+
+    t0 = time.monotonic()
+    with pytest.raises(ScheduleError, match=r"step 1: rank 1, after round 0: the algorithm ran "
+                       r"for more than 0\.3 s without yielding"):
+        Sim(3, timeout=0.3).run(spins(r, 3) for r in range(3))
+    assert time.monotonic() - t0 < 10  # 0.3 s, and the watchdog's tick, on a loaded machine
+
+
+def test_the_timeout_catches_a_loop_that_swallows_exceptions_and_leaves_no_trace():
+    def stubborn(rank, N):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # not enough to stop the watchdog
+                pass
+        yield []
+
+    with pytest.raises(ScheduleError, match="without yielding"):
+        Sim(1, timeout=0.2).run([stubborn(0, 1)])
+    time.sleep(0.5)  # nothing pending: a late stop must not land here
+    assert run(2, lambda r, N: iter([[]])).steps == 1
+
+
 # ------------------------------------------------------------------ counters and matching
 
 
@@ -218,3 +273,20 @@ def test_ring_steps_rounds_and_reductions():
     assert out.sim.steps == 8 and out.sim.rounds == [8] * 5
     assert out.sim.reduced == [40] * 5  # 4 blocks of 10 reduced per rank
     assert set(out.sim.links) == {(r, (r + 1) % 5) for r in range(5)}  # a ring, to the right
+
+
+def test_a_run_that_moves_no_data_counts_what_the_real_run_counts():
+    """`data=False` (volume, predict): the same messages, rounds, reductions and steps."""
+    counters = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "rounds",
+                "reduced", "steps", "links")
+    for collective in COLLECTIVES:
+        for name in names(collective):
+            for N in (1, 3, 4, 6):
+                real = simulate(collective, name, N, 4 * N + 1, dtype="int32", root=N - 1)
+                tally = simulate(collective, name, N, 4 * N + 1, dtype="int32", root=N - 1,
+                                 data=False)
+                for counter in counters:
+                    assert getattr(tally.sim, counter) == getattr(real.sim, counter), \
+                        (collective, name, N, counter)
+    with pytest.raises(ValueError, match="data=False"):
+        tally.problems()

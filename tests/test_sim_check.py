@@ -18,8 +18,8 @@ import pytest
 from mpidp.collectives.fold import fold, on_real_ranks, virtual
 from mpidp.collectives.halving import halving_scratch
 from mpidp.collectives.schedule import Recv, Send
-from mpidp.sim import COLLECTIVES, names, simulate
-from mpidp.sim.check import check, counts_for, pairs
+from mpidp.sim import COLLECTIVES, check, names, simulate
+from mpidp.sim.conformance import counts_for, pairs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = [(c, a) for c in COLLECTIVES for a in names(c)]
@@ -33,7 +33,7 @@ def test_every_shipped_algorithm_passes_for_1_to_64_ranks(collective, algorithm)
 
 
 def test_the_quick_cases_cover_every_count_shape_op_and_dtype():
-    from mpidp.sim.check import cases
+    from mpidp.sim.conformance import cases
 
     seen = list(cases("allreduce", range(1, 65), quick=True))
     shapes = {counts_for(c.N).index(c.count) for c in seen if c.count in counts_for(c.N)}
@@ -198,7 +198,7 @@ def test_the_volume_table_shows_the_busiest_rank_where_ranks_differ():
     """`check`'s table gives, per N, the most rounds, bytes sent, received and reduced over
     the ranks. Binomial broadcast: the root sends G to each of its ⌈log2 N⌉ children, a
     leaf nothing; Rabenseifner on 3 ranks: the folded pair does more than the others."""
-    from mpidp.sim.check import measured
+    from mpidp.sim.conformance import measured
 
     for collective, algorithm, ranks in (("bcast", "binomial", [3, 8]),
                                          ("allreduce", "rabenseifner", [3])):

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mpidp.collectives import cost
@@ -132,7 +133,9 @@ def test_table_and_draw_command_lines(capsys, tmp_path):
     assert main(["table", "ring", "--collective", "allgather", "--ranks", "3"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[2] == "   0 | →1:0 ←2:2 | →2:1 ←0:0 | →0:2 ←1:1"
-    assert main(["table", "butterfly"]) == 2
+    with pytest.raises(SystemExit) as unknown:  # a usage error
+        main(["table", "butterfly"])
+    assert unknown.value.code == 2
     png = tmp_path / "rh.png"
     assert main(["draw", "recursive_halving", "--collective", "reduce_scatter", "--ranks", "4",
                  "-o", str(png)]) == 0
@@ -153,3 +156,18 @@ def test_help_runs():
     done = subprocess.run([sys.executable, "-m", "mpidp.sim", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "table,draw,check,volume,predict" in done.stdout
+
+
+def test_the_drawing_keeps_the_arrows_of_overlapping_pairs_apart():
+    from mpidp.sim.draw import lanes
+
+    assert lanes([(0, 2), (1, 3)]) == {(0, 2): 0, (1, 3): 1}  # halving's first step, N = 4
+    assert lanes([(0, 1), (2, 3)]) == {(0, 1): 0, (2, 3): 0}  # apart: one lane
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        pairs = [tuple(sorted(rng.choice(12, 2, replace=False).tolist())) for _ in range(6)]
+        lane = lanes(pairs)
+        for a in lane:
+            for b in lane:
+                if a != b and lane[a] == lane[b]:
+                    assert a[1] < b[0] or b[1] < a[0], (a, b, lane)  # rows never shared

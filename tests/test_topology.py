@@ -21,8 +21,7 @@ from oracle import counts_for as oracle_counts
 
 from mpidp.collectives import CountingComm, api, cost, topology
 from mpidp.collectives.state import state
-from mpidp.sim import simulate
-from mpidp.sim.check import check
+from mpidp.sim import check, simulate
 from mpidp.sim.volume import link_bytes, measure
 
 PLACED = ("rabenseifner", "rabenseifner_article", "hierarchical", "recursive_doubling", "ring")

@@ -84,6 +84,8 @@ class Group:
 
 def on_ranks(rounds: Rounds, ranks: list[int]) -> Rounds:
     """The rounds of a loop among `ranks`, each message addressed to the real rank."""
+    if all(q == i for i, q in enumerate(ranks)):  # the group is ranks 0.. (one host)
+        return rounds
     return ([type(m)(m.buf, ranks[m.peer]) for m in round_] for round_ in rounds)
 
 

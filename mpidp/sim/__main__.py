@@ -9,6 +9,8 @@ import time
 from mpidp.bench.output import parse_size
 
 from .collective import COLLECTIVES, names
+from .conformance import load
+from .engine import TIMEOUT, ScheduleError
 
 
 def rank_list(text: str) -> list[int]:
@@ -25,6 +27,31 @@ def rank_list(text: str) -> list[int]:
     return out
 
 
+def at_least(low: int):
+    """An argparse type: an integer >= `low`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"  # what argparse names in its message
+    return parse
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def size_list(text: str) -> list[int]:
     return [parse_size(part) for part in text.split(",")]
 
@@ -32,9 +59,12 @@ def size_list(text: str) -> list[int]:
 def placement_list(text: str) -> tuple[int, ...]:
     """'0,0,1,1,1' -> the host of each rank."""
     try:
-        return tuple(int(x) for x in text.split(","))
+        hosts = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of host numbers: {text!r}") from None
+    if min(hosts) < 0:
+        raise argparse.ArgumentTypeError(f"host numbers must be >= 0: {text!r}")
+    return hosts
 
 
 def where(args):
@@ -49,36 +79,43 @@ def where(args):
     return lambda N: layout(N, ppn=ppn, hosts=hosts)
 
 
-def parse_args(argv) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpidp.sim", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     def collective(q, default="allreduce"):
         q.add_argument("--collective", default=default, choices=COLLECTIVES)
 
+    def timeout(q):
+        q.add_argument("--timeout", type=seconds, default=TIMEOUT, help="seconds one resume of "
+                       "a generator may run before it is stopped (an endless loop without "
+                       f"yield; default {TIMEOUT:g})")
+
     def hosts(q, ppn=True):
         if ppn:
-            q.add_argument("--ppn", type=int, default=0, help="ranks per host, numbered host "
-                           "by host (default: one host)")
-        q.add_argument("--hosts", type=int, default=0, help="hosts, the ranks spread evenly "
-                       "over them, numbered host by host")
+            q.add_argument("--ppn", type=at_least(0), default=0, help="ranks per host, "
+                           "numbered host by host (default: one host)")
+        q.add_argument("--hosts", type=at_least(0), default=0, help="hosts, the ranks spread "
+                       "evenly over them, numbered host by host")
         q.add_argument("--placement", type=placement_list, help="the host of each rank, "
                        "e.g. 0,0,1,1,1 (one N only)")
 
     t = sub.add_parser("table", help="the step table of an algorithm, computed by running it")
     t.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
     collective(t)
-    t.add_argument("--ranks", type=int, default=4)
-    t.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
+    t.add_argument("--ranks", type=at_least(1), default=4)
+    t.add_argument("--count", type=at_least(0), help="items of the vector (default: 4 per rank)")
     t.add_argument("--root", type=int, default=0, help="bcast: the root")
     hosts(t)
+    timeout(t)
 
     d = sub.add_parser("draw", help="a picture of the exchange, one panel per step")
     d.add_argument("algorithm", help="one of mpidp's, or MODULE:FUNCTION")
     collective(d)
-    d.add_argument("--ranks", type=int, default=4)
-    d.add_argument("--count", type=int, help="items of the vector (default: 4 per rank)")
+    d.add_argument("--ranks", type=at_least(1), default=4, help="at most 62")
+    d.add_argument("--count", type=at_least(0), help="items of the vector (default: 4 per rank)")
     d.add_argument("-o", "--output", required=True, help="the PNG to write")
+    timeout(d)
 
     c = sub.add_parser("check", help="check an algorithm for every N, count, op and dtype")
     c.add_argument("function", help="MODULE:FUNCTION, or the name of one of mpidp's algorithms")
@@ -90,6 +127,7 @@ def parse_args(argv) -> argparse.Namespace:
     c.add_argument("--exact", action="store_true", help="EXACT_SUM: every rank's result "
                    "bitwise the one-rank sum of the same addends (mpidp's algorithms, or all)")
     hosts(c)
+    timeout(c)
 
     v = sub.add_parser("volume", help="bytes per rank sent and received, as multiples of G")
     v.add_argument("--ranks", type=rank_list, default=rank_list("2,4,8,16,32,64,128,256"))
@@ -109,7 +147,7 @@ def parse_args(argv) -> argparse.Namespace:
     for name, what in (("alpha", "s per message"), ("beta", "s per byte"),
                        ("gamma", "s per reduced byte"), ("fixed", "s per call")):
         r.add_argument(f"--{name}", type=float, help=f"{what} (within a node, with --ppn)")
-    r.add_argument("--ppn", type=int, default=0, help="ranks per node: two levels (the "
+    r.add_argument("--ppn", type=at_least(0), default=0, help="ranks per node: two levels (the "
                    "algorithms see this placement too)")
     r.add_argument("--alpha-inter", type=float, help="s per message between nodes")
     r.add_argument("--beta-inter", type=float, help="s per byte between nodes")
@@ -118,32 +156,69 @@ def parse_args(argv) -> argparse.Namespace:
                    "fixed cost: from the other flags)")
     r.add_argument("--compare", help="a `mpidp.bench collectives --json` file: its measured "
                    "times go beside the predictions, at its N and sizes")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv) -> argparse.Namespace:
+    """The command line, checked: what argparse cannot check alone is a usage error too."""
+    p = parser()
+    args = p.parse_args(argv)
+    ranks = [args.ranks] if isinstance(getattr(args, "ranks", None), int) else \
+        getattr(args, "ranks", [])
+    if args.command == "draw" and args.ranks > 62:
+        p.error(f"argument --ranks: draw takes at most 62 ranks (one bit per rank), got "
+                f"{args.ranks}")
+    if args.command == "table" and not 0 <= args.root < args.ranks:
+        p.error(f"argument --root: must be a rank of {args.ranks} (0 to {args.ranks - 1}), got "
+                f"{args.root}")
+    if getattr(args, "placement", None) and any(len(args.placement) != N for N in ranks):
+        p.error(f"argument --placement: {len(args.placement)} hosts given, one per rank is "
+                f"needed for --ranks {','.join(map(str, ranks))}")
+    hosts = getattr(args, "hosts", 0)
+    if hosts and hosts > min(ranks):
+        p.error(f"argument --hosts: {hosts} hosts for {min(ranks)} ranks; each host needs a "
+                "rank")
+    for name in ("algorithm", "function", "scratch"):  # MODULE:FUNCTION: load it now
+        spec = getattr(args, name, None)
+        if spec is None or (name != "scratch" and spec in names(args.collective)):
+            continue
+        if name == "function" and spec == "all" and getattr(args, "exact", False):
+            continue  # check all --exact: every algorithm of the collective
+        if ":" not in spec:
+            known = "" if name == "scratch" else f" or one of {', '.join(names(args.collective))}"
+            p.error(f"unknown {args.collective} algorithm {spec!r}: expected MODULE:FUNCTION"
+                    + known)
+        try:
+            setattr(args, name, load(spec))
+            setattr(args, name + "_label", spec)
+        except (ImportError, AttributeError) as e:
+            p.error(f"cannot load {spec!r}: {e}")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command in ("table", "draw"):
-        if ":" in args.algorithm:  # your own, MODULE:FUNCTION
-            from .check import load
+    try:
+        return run(args)
+    except ScheduleError as e:  # a schedule of your own that MPI would not run either
+        print(f"mpidp.sim {args.command}: {e}", file=sys.stderr)
+        return 1
 
-            args.algorithm = load(args.algorithm)
-        elif args.algorithm not in names(args.collective):
-            print(f"unknown {args.collective} algorithm {args.algorithm!r}; expected one of "
-                  f"{names(args.collective)} or MODULE:FUNCTION", file=sys.stderr)
-            return 2
+
+def run(args) -> int:
     if args.command == "table":
         from .table import table
 
         placement = where(args)
         print(table(args.algorithm, args.collective, args.ranks, args.count, args.root,
-                    placement=placement and placement(args.ranks)))
+                    placement=placement and placement(args.ranks), timeout=args.timeout))
         print("→q:b sends block(s) b to rank q, ←q:b receives them from q, ↔q:b both; "
               "a step is one round of an ideal machine")
     elif args.command == "draw":
         from .draw import draw
 
-        draw(args.algorithm, args.collective, args.ranks, args.output, args.count)
+        draw(args.algorithm, args.collective, args.ranks, args.output, args.count,
+             timeout=args.timeout)
         print(f"wrote {args.output}")
     elif args.command == "check":
         return run_check(args)
@@ -165,18 +240,14 @@ def main(argv=None) -> int:
 
 
 def run_check(args) -> int:
-    from .check import check, load
+    from .conformance import check
 
     if args.exact:
         return run_check_exact(args)
 
-    if args.function in names(args.collective):
-        algorithm = args.function
-    else:
-        algorithm = load(args.function)
-    scratch = load(args.scratch) if args.scratch else None
-    report = check(algorithm, args.collective, args.ranks, scratch=scratch, quick=args.quick,
-                   label=args.function, placement=where(args))
+    report = check(args.function, args.collective, args.ranks, scratch=args.scratch,
+                   quick=args.quick, label=getattr(args, "function_label", args.function),
+                   placement=where(args), timeout=args.timeout)
     print(report.text)
     return 0 if report.ok else 1
 

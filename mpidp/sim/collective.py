@@ -17,7 +17,7 @@ from mpidp.collectives.blocks import Blocks
 from mpidp.collectives.ops import resolve_op
 from mpidp.collectives.plan import through_packed
 
-from .engine import Sim
+from .engine import TIMEOUT, Sim
 
 TABLES = {"allreduce": ALLREDUCE, "reduce_scatter": REDUCE_SCATTER,
           "allgather": ALLGATHER, "bcast": BCAST}
@@ -105,6 +105,8 @@ class Outcome:
 
     def problems(self, limit: int = 3) -> list[str]:
         """What differs from the reference, one line per rank (at most `limit` ranks)."""
+        if self.expected is None:
+            raise ValueError("a run with data=False computes nothing to compare")
         out = []
         for r, (got, want) in enumerate(zip(self.results, self.expected, strict=True)):
             if got.shape != want.shape or not np.array_equal(got, want):
@@ -121,7 +123,8 @@ class Outcome:
 def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None, displs=None,
              dtype="float64", op="sum", in_place: bool = False, root: int = 0, inputs=None,
              seed: int = 0, scratch=None, trace: bool = False, timer=None,
-             on_step=None, max_steps: int | None = None, placement=None) -> Outcome:
+             on_step=None, max_steps: int | None = None, placement=None,
+             timeout: float | None = TIMEOUT, data: bool = True) -> Outcome:
     """Run `algorithm` (a name or a generator function) for `collective` on N simulated ranks.
 
     Args:
@@ -135,7 +138,10 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         in_place: the input is in the receive buffer (``IN_PLACE``).
         scratch: items of scratch as a function of the blocks, for a function mpidp
             does not register (default: one whole vector).
-        trace, timer, on_step, max_steps: passed to `Sim`.
+        trace, timer, on_step, max_steps, timeout: passed to `Sim`.
+        data: False: count, do not compute (`Sim`'s `data`): no copies, no reductions, no
+            reference; the counters are right for schedules that do not depend on the data,
+            and the results mean nothing (`Outcome.problems` refuses to compare them).
         placement: the host of each rank, e.g. ``topology.layout(N, ppn=2)``; None: one host.
     Raises:
         ScheduleError: deadlock, mismatched pair or overlapping round (see `Sim`).
@@ -151,7 +157,8 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         sizes = {"allgather": blocks.counts}.get(collective, [blocks.total] * N)
         inputs = [make_input(the_op.name, dt, sizes[r], r, seed) for r in range(N)]
     sim = Sim(N, trace=trace, timer=timer, on_step=on_step, max_steps=max_steps,
-              placement=None if placement is None else tuple(placement))
+              placement=None if placement is None else tuple(placement), timeout=timeout,
+              data=data)
     gens, results, sendbufs = [], [], []
     for r, comm in enumerate(sim.comms):
         x, src, tmp = inputs[r], None, None
@@ -186,8 +193,8 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         results.append(buf)
     with np.errstate(over="ignore"):  # products may overflow, alike in any order
         sim.run(gens)
-        expected = reference(collective, blocks, inputs, the_op, root)
-    if own:  # each rank's result in its own layout
+        expected = reference(collective, blocks, inputs, the_op, root) if data else None
+    if own and data:  # each rank's result in its own layout
         expected = [reference(collective, b, inputs, the_op, root)[r]
                     for r, b in enumerate(layouts)]
     if collective == "reduce_scatter":  # rank r's result is block r of its work vector

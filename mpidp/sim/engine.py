@@ -24,6 +24,7 @@ generators, and plays MPI's part, step by step:
 
 from __future__ import annotations
 
+import gc
 from bisect import bisect_right
 from collections import deque
 
@@ -31,7 +32,22 @@ import numpy as np
 
 from mpidp.collectives.schedule import Recv, Send
 
+from . import deadline
 from .reports import ScheduleError, deadlock, describe, locate
+
+TIMEOUT = 10.0  # seconds a resume may run by default: far more than any real one takes
+
+
+def _owner(buf: np.ndarray):
+    """What owns `buf`'s memory (NumPy points every view's base at it): two views can
+    overlap only if theirs is the same."""
+    return buf if buf.base is None else buf.base
+
+
+def _short(x) -> str:
+    """repr(x), cut to a line."""
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class SimComm:
@@ -73,6 +89,18 @@ class CountingOp:
         return getattr(self.op, name)
 
 
+class TallyOp(CountingOp):
+    """A `CountingOp` that only counts: for a run that moves no data (``Sim(data=False)``)."""
+
+    __slots__ = ()
+
+    def __call__(self, acc, tmp, src=None) -> None:
+        self.counts[self.rank] += acc.size
+
+    def finish(self, block, n: int) -> None:
+        pass
+
+
 class Sim:
     """N simulated ranks: `run` their generators; then read the counters.
 
@@ -88,11 +116,19 @@ class Sim:
             buffers after step t - 1 (t = 0: at the start; t = steps: at the end).
         max_steps: stop with a `ScheduleError` after this many steps (a loop that never ends).
         placement: the host of each rank (`mpidp.collectives.topology`); None: one host.
+        timeout: seconds one resume of a generator may run (its local work and the
+            making of its next round) before it is stopped with a `ScheduleError`: an
+            endless loop without ``yield`` (`mpidp.sim.deadline`); None: no bound.
+        data: False: match and count every message but copy none, and give the
+            algorithms `TallyOp`s (`op`) that count and reduce nothing. The counters,
+            steps and timer are those of the real run, for every schedule that does not
+            depend on the data (mpidp's algorithms); the buffers end up meaningless.
     """
 
     def __init__(self, size: int, trace: bool = False, timer=None, on_step=None,
-                 max_steps: int | None = None, placement: tuple | None = None):
-        self.size, self.max_steps = size, max_steps
+                 max_steps: int | None = None, placement: tuple | None = None,
+                 timeout: float | None = TIMEOUT, data: bool = True):
+        self.size, self.max_steps, self.timeout, self.data = size, max_steps, timeout, data
         if placement is not None and len(placement) != size:
             raise ValueError(f"a placement of {len(placement)} ranks for {size} ranks")
         self.comms = [SimComm(r, size, placement) for r in range(size)]
@@ -106,23 +142,43 @@ class Sim:
         self.where: list[dict] = [{} for _ in range(size)]  # rank -> {name: array}, for reports
 
     def op(self, op, rank: int) -> CountingOp:
-        """`op` for rank `rank`, counting the items it reduces."""
-        return CountingOp(op, self.reduced, rank)
+        """`op` for rank `rank`, counting the items it reduces (only counting them, if the
+        run moves no data)."""
+        return (CountingOp if self.data else TallyOp)(op, self.reduced, rank)
 
     # ------------------------------------------------------------------ the driver
 
     def run(self, gens) -> Sim:
         """Advance every rank's generator (``gens[r]`` for rank r) to its end."""
         gens = list(gens)
-        N, timer = self.size, self.timer
-        # src * N + dst -> [Send or Recv, deque of the unmatched buffers of that kind]: on
-        # one link only sends or only receives can be waiting (two would have matched)
-        waiting: dict[int, list] = {}
+        watch = deadline.start(gens, self.timeout)
+        collecting = gc.isenabled()
+        gc.disable()  # the rounds are garbage at once, freed by their counts: the cyclic
+        try:  # collector would only walk the N generators again and again (20% of a ring)
+            self._run(gens, watch)
+        except deadline.Overran:  # it landed just after the resume returned
+            raise ScheduleError(self._overran(*(watch.seen or (0, -1)))) from None
+        finally:
+            deadline.stop(watch)
+            if collecting:
+                gc.enable()
+        return self
+
+    def _run(self, gens: list, watch) -> None:
+        N, timer, events, data = self.size, self.timer, self.events, self.data
+        # src * N + dst -> deque of the unmatched (message, place in its round) on that
+        # link; they are all sends or all receives (a send and a receive would have matched)
+        waiting: dict[int, deque] = {}
         pending = [0] * N  # unmatched messages of each rank's current round
         finished = [False] * N
-        rounds, reduced, deliver = self.rounds, self.reduced, self._deliver
+        rounds, reduced = self.rounds, self.reduced
+        sent, received = self.bytes_sent, self.bytes_received
+        msent, mreceived, links = self.messages_sent, self.messages_received, self._links
+        ndarray = np.ndarray
         ready, step = list(range(N)), 0
         while ready:
+            if watch is not None:
+                watch.step = step
             posted = []
             if self.max_steps is not None and step > self.max_steps:
                 raise ScheduleError(f"more than {self.max_steps} steps: does the algorithm end?")
@@ -134,58 +190,80 @@ class Sim:
                     finished[r] = True
                 except ScheduleError:
                     raise
+                except deadline.Overran:
+                    raise ScheduleError(self._overran(step, r)) from None
                 except Exception as e:  # the algorithm's own error: say where it happened
-                    where = f"after round {rounds[r] - 1}" if rounds[r] else \
-                        "before its first round"
-                    raise ScheduleError(f"step {step}: rank {r}, {where}: the algorithm raised "
-                                        f"{type(e).__name__}: {e}") from e
+                    raise ScheduleError(f"step {step}: rank {r}, {self._after(r)}: the "
+                                        f"algorithm raised {type(e).__name__}: {e}") from e
                 if timer is not None:
                     timer.work(r, reduced[r] - before)
             if self.on_step is not None:
                 self.on_step(self, step)
             complete = []
             for r, round_ in posted:
+                if round_.__class__ is not list and not isinstance(round_, list):
+                    raise ScheduleError(f"step {step}: rank {r}, round {rounds[r]}: a round is "
+                                        f"a list of Send and Recv, got {_short(round_)}")
                 rounds[r] += 1
                 if timer is not None:
                     timer.post(r)
-                if len(round_) == 2:  # the common case: two buffers of one array may overlap
-                    x, y = round_[0].buf, round_[1].buf
-                    xb, yb = getattr(x, "base", None), getattr(y, "base", None)
-                    if (x if xb is None else xb) is (y if yb is None else yb):
-                        self._check_round(r, round_)
-                elif len(round_) > 2:
-                    self._check_round(r, round_)
-                pending[r] = len(round_)
+                n = pending[r] = len(round_)
                 for i, m in enumerate(round_):
-                    kind, peer = type(m), m.peer
+                    kind = m.__class__
+                    if kind is not Send and kind is not Recv:
+                        raise ScheduleError(f"step {step}: rank {r}, round {rounds[r] - 1}: a "
+                                            f"round holds Send and Recv only, not {_short(m)}")
+                    peer, buf = m.peer, m.buf
                     if peer.__class__ is not int and not isinstance(peer, np.integer) or \
                             not 0 <= peer < N:
                         raise ScheduleError(f"step {step}: rank {r}, round {rounds[r] - 1}: "
                                             f"peer {peer!r} is not a rank of {N}")
-                    if kind is Send:
-                        key = r * N + peer
-                    elif kind is Recv:
-                        key = peer * N + r
-                    else:
-                        raise ScheduleError(f"rank {r}, round {rounds[r] - 1}: a round holds "
-                                            f"Send and Recv only, not {m!r}")
-                    entry = waiting.get(key)
-                    if entry is None:
-                        waiting[key] = [kind, deque(((m.buf, i),))]
+                    if buf.__class__ is not ndarray or not buf.flags.c_contiguous:
+                        self._bad_buffer(step, r, m)
+                    key = r * N + peer if kind is Send else peer * N + r  # src * N + dst
+                    queue = waiting.get(key)
+                    if queue is None:
+                        waiting[key] = deque(((m, i),))
                         continue
-                    if entry[0] is kind or not entry[1]:
-                        entry[0] = kind
-                        entry[1].append((m.buf, i))
+                    if not queue or queue[0][0].__class__ is kind:
+                        queue.append((m, i))
                         continue
-                    other, j = entry[1].popleft()
+                    other, j = queue.popleft()  # matched: the pair's data moves now
                     if kind is Send:
-                        deliver(step, r, m.buf, i, peer, other, j)
+                        src, dst, sbuf, rbuf = r, peer, buf, other.buf
                     else:
-                        deliver(step, peer, other, j, r, m.buf, i)
+                        src, dst, sbuf, rbuf, i, j = peer, r, other.buf, buf, j, i
+                    nbytes = sbuf.nbytes
+                    if nbytes != rbuf.nbytes or sbuf.dtype != rbuf.dtype:
+                        raise ScheduleError(
+                            f"step {step}: rank {src} sends {self._what(src, sbuf)} to rank "
+                            f"{dst}, which receives into {self._what(dst, rbuf)}: sizes and "
+                            "dtypes must match")
+                    if data:
+                        rbuf[...] = sbuf
+                    sent[src] += nbytes
+                    received[dst] += nbytes
+                    msent[src] += 1
+                    mreceived[dst] += 1
+                    links[key] = links.get(key, 0) + nbytes
+                    if events is not None:  # i, j: the places of the send and the receive
+                        events.append((step, src, dst, sbuf, rbuf, i, j))
+                    if timer is not None:
+                        timer.message(src, dst, nbytes, i, j)
                     pending[r] -= 1
                     pending[peer] -= 1
                     if pending[peer] == 0 and peer != r:  # it was waiting for this message
                         complete.append(peer)
+                if n == 2:  # the common case: a send and a receive, mostly in two arrays
+                    a, b = round_
+                    x, y = a.buf, b.buf
+                    xb, yb = x.base, y.base  # (NumPy points a view's base at the owner)
+                    if (x if xb is None else xb) is (y if yb is None else yb) and \
+                            (a.__class__ is Recv or b.__class__ is Recv) and x.size and \
+                            y.size and np.shares_memory(x, y):
+                        self._overlap(step, r, a, b)
+                elif n > 2:
+                    self._check_round(step, r, round_)
                 if pending[r] == 0:
                     complete.append(r)
             if timer is not None:
@@ -198,69 +276,64 @@ class Sim:
         self.steps = step
         if not all(finished):
             raise ScheduleError(deadlock(self, step, finished, waiting))
-        return self
 
-    def _deliver(self, step: int, src: int, sbuf, spos: int, dst: int, rbuf, rpos: int) -> None:
-        """Match a send with its receive: check the pair, copy the data, count.
+    def _after(self, rank: int) -> str:
+        rounds = self.rounds[rank]
+        return f"after round {rounds - 1}" if rounds else "before its first round"
 
-        `spos`, `rpos`: the places of the send and of the receive in their rounds.
-        """
-        if sbuf.__class__ is not np.ndarray or rbuf.__class__ is not np.ndarray or \
-                not (sbuf.flags.c_contiguous and rbuf.flags.c_contiguous):
-            raise ScheduleError(f"step {step}: rank {src} to rank {dst}: message buffers must be "
-                                f"contiguous NumPy arrays, got {type(sbuf).__name__} "
-                                f"{getattr(sbuf, 'strides', '')} and {type(rbuf).__name__} "
-                                f"{getattr(rbuf, 'strides', '')}")
-        nbytes = sbuf.nbytes
-        if nbytes != rbuf.nbytes or sbuf.dtype != rbuf.dtype:
-            raise ScheduleError(
-                f"step {step}: rank {src} sends {self._what(src, sbuf)} to rank {dst}, which "
-                f"receives into {self._what(dst, rbuf)}: sizes and dtypes must match")
-        rbuf[...] = sbuf
-        self.bytes_sent[src] += nbytes
-        self.bytes_received[dst] += nbytes
-        self.messages_sent[src] += 1
-        self.messages_received[dst] += 1
-        key = src * self.size + dst
-        self._links[key] = self._links.get(key, 0) + nbytes
-        if self.events is not None:
-            self.events.append((step, src, dst, sbuf, rbuf, spos, rpos))
-        if self.timer is not None:
-            self.timer.message(src, dst, nbytes, spos, rpos)
+    def _overran(self, step: int, rank: int) -> str:
+        where = f"rank {rank}, {self._after(rank)}" if rank >= 0 else "between two resumes"
+        return (f"step {step}: {where}: the algorithm ran for more than {self.timeout:g} s "
+                "without yielding (an endless loop? a round is yielded as a list of Send/Recv)")
+
+    def _bad_buffer(self, step: int, rank: int, m) -> None:
+        buf = m.buf
+        what = (f"a {type(buf).__name__}, not a NumPy array" if type(buf) is not np.ndarray
+                else f"not contiguous (strides {buf.strides})")
+        raise ScheduleError(f"step {step}: rank {rank}, round {self.rounds[rank] - 1}: the "
+                            f"{type(m).__name__}'s buffer is {what}; message buffers must be "
+                            "contiguous NumPy arrays")
 
     @property
     def links(self) -> dict[tuple[int, int], int]:
         """Bytes per directed link: {(src, dst): bytes}."""
         return {divmod(k, self.size): v for k, v in sorted(self._links.items())}
 
-    def _check_round(self, rank: int, round_) -> None:
-        """No receive of a round may write memory that another message of it reads or writes."""
-        if len(round_) == 2:  # the common case, checked by NumPy directly
-            a, b = round_
-            x, y = a.buf, b.buf
-            if (type(a) is Recv or type(b) is Recv) and type(x) is np.ndarray and \
-                    type(y) is np.ndarray and x.size and y.size and np.shares_memory(x, y):
-                self._overlap(rank, a, b)
-            return
-        spans = []
+    def _check_round(self, step: int, rank: int, round_) -> None:
+        """No receive of a round may write memory that another message of it reads or writes.
+
+        Only views of one array can overlap: the messages are grouped by the array that
+        owns their memory, and only a group with a receive and another message is looked at.
+        (Two messages: `_run` checks them itself, with NumPy.)
+        """
+        groups: dict[int, list] = {}
         for m in round_:
-            if type(m.buf) is np.ndarray and m.buf.size:
-                lo = m.buf.__array_interface__["data"][0]
-                spans.append((lo, lo + m.buf.nbytes, m))
+            if m.buf.size:
+                groups.setdefault(id(_owner(m.buf)), []).append(m)
+        for group in groups.values():
+            if len(group) > 1 and any(type(m) is Recv for m in group):
+                self._check_spans(step, rank, group)
+
+    def _check_spans(self, step: int, rank: int, group: list) -> None:
+        """The sweep of `_check_round` over messages in one array: receives sorted by address."""
+        spans = []
+        for m in group:
+            lo = m.buf.__array_interface__["data"][0]
+            spans.append((lo, lo + m.buf.nbytes, m))
         writes = sorted((s for s in spans if type(s[2]) is Recv), key=lambda s: s[0])
         for x, y in zip(writes, writes[1:], strict=False):
             if y[0] < x[1]:
-                self._overlap(rank, x[2], y[2])
+                self._overlap(step, rank, x[2], y[2])
         starts = [s[0] for s in writes]
         for lo, hi, m in spans:
             if type(m) is Send:
                 i = bisect_right(starts, hi - 1) - 1  # the last write starting below hi
                 if i >= 0 and writes[i][1] > lo:
-                    self._overlap(rank, m, writes[i][2])
+                    self._overlap(step, rank, m, writes[i][2])
 
-    def _overlap(self, rank: int, a, b):
+    def _overlap(self, step: int, rank: int, a, b):
         raise ScheduleError(
-            f"rank {rank}, round {self.rounds[rank] - 1}: {type(a).__name__} "
+            f"step {step}: rank {rank}, round {self.rounds[rank] - 1}: {type(a).__name__} "
             f"{self._what(rank, a.buf)} (peer {a.peer}) and {type(b).__name__} "
             f"{self._what(rank, b.buf)} (peer {b.peer}) use the same memory: a round must not "
             "write into memory that another of its messages reads or writes")

@@ -99,7 +99,7 @@ def check_exact(algorithm: str, collective: str = "allreduce", ranks=range(1, 65
 
     Returns (ok, cases run, the first failure or "").
     """
-    from .check import counts_for
+    from .conformance import counts_for
 
     cases = 0
     for N in ranks:

@@ -153,13 +153,13 @@ def times(collective: str, algorithm, N: int, sizes: list[int], net: Network) ->
         if b not in big:
             timer = Timer(N, net, 1.0, ITEM)
             simulate(collective, algorithm, N, b // ITEM, dtype="float32", timer=timer,
-                     placement=where)
+                     placement=where, data=False)  # times, not sums: no data moves
             out[b] = timer.seconds
     if big:  # large ones: one simulation, scaled to each size
         count = sim_count(collective, algorithm, N, big[0] // ITEM)
         timers = [Timer(N, net, (b // ITEM) / count, ITEM) for b in big]
         simulate(collective, algorithm, N, count, dtype="float32", timer=Timers(timers),
-                 placement=where)
+                 placement=where, data=False)
         out.update({b: t.seconds for b, t in zip(big, timers, strict=True)})
     return [out[b] for b in sizes]
 

@@ -38,10 +38,11 @@ def describe(where: dict, buf) -> str:
 def deadlock(sim, step: int, finished: list, waiting: dict) -> str:
     """Which ranks are blocked, in which round, and what each of their messages waits for."""
     waits: dict[int, list[str]] = {}
-    for key, (kind, bufs) in sorted(waiting.items(), key=lambda kv: kv[0]):
+    for key, queue in sorted(waiting.items(), key=lambda kv: kv[0]):
         src, dst = divmod(key, sim.size)
-        for buf, _ in bufs:
-            if kind is Send:
+        for m, _ in queue:
+            buf = m.buf
+            if type(m) is Send:
                 waits.setdefault(src, []).append(f"its Send of {describe(sim.where[src], buf)} "
                                                  f"to rank {dst} is never received")
             else:

@@ -91,6 +91,7 @@ def format_table(grid: list[list[str]], N: int) -> str:
 def table(algorithm, collective: str = "allreduce", N: int = 4, count: int | None = None,
           root: int = 0, **kw) -> str:
     """The step table of `algorithm` (a name or a generator function), computed by running it."""
+    kw.setdefault("max_steps", 8 * N * N + 1000)  # a loop that yields for ever: an error
     outcome = simulate(collective, algorithm, N, default_count(N) if count is None else count,
                        root=root, trace=True, **kw)
     return format_table(cells(outcome), N)

@@ -24,7 +24,7 @@ from mpidp.collectives import cost
 from mpidp.collectives.ops import OPS
 
 from .collective import REDUCING, names, resolve, simulate
-from .engine import ScheduleError
+from .engine import TIMEOUT, ScheduleError
 
 DTYPES = ("int32", "float64", "uint8", "float32", "complex128", "int64", "float16", "bool")
 SHAPES = ("0", "1", "< N", "not divisible by N", "divisible by N", "large")
@@ -72,7 +72,7 @@ def cases(collective: str, ranks, quick: bool = False):
 
 
 def run_case(collective: str, algorithm, case: Case, scratch=None,
-             placement=None) -> str | None:
+             placement=None, timeout: float | None = TIMEOUT) -> str | None:
     """What is wrong with `algorithm` in `case` (a line or a few), or None.
 
     `placement`: a function of N giving the host of each rank (None: one host).
@@ -81,14 +81,15 @@ def run_case(collective: str, algorithm, case: Case, scratch=None,
         out = simulate(collective, algorithm, case.N, case.count, dtype=case.dtype,
                        op=case.op, in_place=case.in_place, root=case.root, scratch=scratch,
                        placement=placement and placement(case.N),
-                       max_steps=8 * case.N * case.N + 1000)
+                       max_steps=8 * case.N * case.N + 1000, timeout=timeout)
     except ScheduleError as e:
         return str(e)
     problems = out.problems()
     return "\n".join(problems) if problems else None
 
 
-def same_bits(collective: str, algorithm, N: int, scratch=None, placement=None) -> str | None:
+def same_bits(collective: str, algorithm, N: int, scratch=None, placement=None,
+              timeout: float | None = TIMEOUT) -> str | None:
     """Random floats, summed: every rank must hold the same bits, close to NumPy's sum."""
     if collective != "allreduce" or N == 1:
         return None
@@ -96,7 +97,8 @@ def same_bits(collective: str, algorithm, N: int, scratch=None, placement=None) 
     inputs = [rng.standard_normal(4 * N + 3) for _ in range(N)]
     try:
         out = simulate(collective, algorithm, N, 4 * N + 3, inputs=inputs, scratch=scratch,
-                       placement=placement and placement(N))
+                       placement=placement and placement(N), max_steps=8 * N * N + 1000,
+                       timeout=timeout)
     except ScheduleError as e:
         return str(e)
     differ = [r for r in range(N) if not np.array_equal(out.results[r], out.results[0])]
@@ -118,7 +120,7 @@ class Report(NamedTuple):
 
 def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scratch=None,
           quick: bool = False, volume: bool = True, label: str | None = None,
-          placement=None) -> Report:
+          placement=None, timeout: float | None = TIMEOUT) -> Report:
     """Check `algorithm` (a generator function, or an mpidp name) on every N in `ranks`.
 
     Args:
@@ -132,6 +134,8 @@ def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scrat
         volume: measure bytes and rounds and print them beside the formulas.
         placement: a function of N giving the host of each rank, e.g.
             ``lambda N: topology.layout(N, ppn=2)`` (None: one host).
+        timeout: seconds one resume of the generator may run (`Sim`): a case that takes
+            longer fails, as a loop that never yields.
     """
     ranks = list(ranks)
     label = label or getattr(algorithm, "__name__", str(algorithm))
@@ -140,12 +144,12 @@ def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scrat
     n = 0
     for case in cases(collective, ranks, quick):
         n += 1
-        problem = run_case(collective, algorithm, case, scratch, placement)
+        problem = run_case(collective, algorithm, case, scratch, placement, timeout)
         if problem is not None:
             return _failed(collective, algorithm, case, problem, n, head, scratch, ranks,
-                           placement)
+                           placement, timeout)
     for N in ranks:
-        problem = same_bits(collective, algorithm, N, scratch, placement)
+        problem = same_bits(collective, algorithm, N, scratch, placement, timeout)
         if problem is not None:
             return Report(False, n, f"{head}\nFAILED: {problem}", Case(N, 4 * N + 3, "float64",
                                                                       "sum", False))
@@ -156,9 +160,9 @@ def check(algorithm, collective: str = "allreduce", ranks=range(1, 65), *, scrat
 
 
 def _failed(collective, algorithm, case, problem, n, head, scratch, ranks,
-            placement=None) -> Report:
+            placement=None, timeout=TIMEOUT) -> Report:
     small, small_problem = shrink(collective, algorithm, case, problem, scratch, ranks,
-                                  placement)
+                                  placement, timeout)
     fn = resolve(collective, algorithm)[0]
     call = (f"mpidp.sim.simulate({collective!r}, {fn.__module__}.{fn.__name__}, {small.N}, "
             f"{small.count}, dtype={small.dtype!r}, op={small.op!r}, in_place={small.in_place}"
@@ -169,7 +173,7 @@ def _failed(collective, algorithm, case, problem, n, head, scratch, ranks,
 
 
 def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, ranks=None,
-           placement=None):
+           placement=None, timeout: float | None = TIMEOUT):
     """The smallest case that still fails: fewest ranks (of `ranks`), then fewest items, then
     sum on int64."""
     for N in sorted(n for n in ranks or range(1, case.N + 1) if n <= case.N):
@@ -178,7 +182,7 @@ def shrink(collective: str, algorithm, case: Case, problem: str, scratch=None, r
                 break
             for simple in (Case(N, count, "int64", "sum", False),
                            case._replace(N=N, count=count, root=case.root % N)):
-                found = run_case(collective, algorithm, simple, scratch, placement)
+                found = run_case(collective, algorithm, simple, scratch, placement, timeout)
                 if found is not None:
                     return simple, found
     return case, problem
