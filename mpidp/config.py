@@ -2,7 +2,8 @@
 
 ``VARIABLES`` names them all, each with the function that turns its text into a
 value (MPIDP_DEBUG: 1/true/yes/on or 0/false/no/off; MPIDP_TIMEOUT: seconds > 0;
-MPIDP_COST: "default" or 3 to 5 numbers; MPIDP_STAGING, MPIDP_CUDA_AWARE: 1 or 0).
+MPIDP_COST: "default" or 3 to 5 numbers; MPIDP_STAGING, MPIDP_CUDA_AWARE: 1 or 0;
+MPIDP_FLIGHT: a whole number >= 0; MPIDP_FLIGHT_DIR: a folder).
 Unset and empty mean the same; surrounding spaces are ignored. The one table of
 their values and defaults is in docs/failures.md ("Environment variables").
 
@@ -74,6 +75,23 @@ def _cost(name: str, value: str) -> str | tuple[float, ...] | None:
     return numbers
 
 
+def _count(name: str, value: str) -> int | None:
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise _error(name, value, "a whole number >= 0 (0: off)")
+    return k
+
+
+def _path(name: str, value: str) -> str | None:
+    return value.strip() or None
+
+
 def _choice(values: dict[str, object]) -> Callable[[str, str], object]:
     def parse(name: str, value: str):
         try:
@@ -91,6 +109,8 @@ VARIABLES: dict[str, Callable[[str, str], object]] = {
     "MPIDP_COST": _cost,
     "MPIDP_STAGING": _choice({"1": "all", "0": "off", "": "auto"}),
     "MPIDP_CUDA_AWARE": _choice({"1": True, "0": False, "": None}),
+    "MPIDP_FLIGHT": _count,  # collectives kept per communicator (mpidp.flight); None: 64
+    "MPIDP_FLIGHT_DIR": _path,  # where each rank's record is dumped; None: ./mpidp-flight
 }
 
 

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 
 from mpi4py import MPI
 
+from . import flight
 from .collectives.completion import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
 from .farewell import Farewell
 
@@ -49,6 +50,10 @@ MESSAGE_S = 0.5  # between the message and Abort: time for mpiexec to forward th
 # the floor; after that, any stretch between kicks the floor, or this multiple of the
 # longest one seen so far if that is more. A digits step takes ~1 ms, start-up ~1-3 s.
 DEFAULT_FLOOR_S = 60.0
+# After its flight record is written (mpidp.flight), a rank waits this long before the
+# abort: the other ranks' deadlines pass at about the same time, and the abort ends them,
+# so it leaves them the time to write theirs (a few ms each, more under load).
+FLIGHT_MARGIN_S = 2.0
 DEFAULT_FACTOR = 10.0
 
 
@@ -96,7 +101,7 @@ def _text(obj, kind: str = "") -> str:
 def _exit_later(code: int) -> None:
     """End this process in a few seconds, whatever happens meanwhile (mpiexec then ends
     the others: a rank's non-zero exit ends the job)."""
-    killer = threading.Timer(MESSAGE_S + ABORT_GRACE_S, os._exit, (code,))
+    killer = threading.Timer(MESSAGE_S + ABORT_GRACE_S + FLIGHT_MARGIN_S, os._exit, (code,))
     killer.daemon = True
     killer.start()
 
@@ -112,19 +117,43 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
         sys.stdout.flush()  # what this rank printed so far: Abort would lose it
     except BaseException:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
         pass
+    dumped = _flight_dump(message)
     try:
         message += _departures(comm)
+        record = f" (flight record: {dumped})" if dumped else ""
         sys.stderr.write(f"mpidp: rank {comm.Get_rank()} of {comm.Get_size()}: {message}; "
-                         "aborting the job\n")
+                         f"aborting the job{record}\n")
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 -- nor a stderr that fails
         pass
+    if dumped:
+        time.sleep(FLIGHT_MARGIN_S)  # the other ranks write theirs (`flight`)
     # The message travels to mpiexec through this host's proxy, and the abort by
     # another channel; were the abort first, mpiexec could tear the job down with
     # the message still in the pipe. A failed job can spare half a second.
     time.sleep(MESSAGE_S)
     comm.Abort(code)
     os._exit(code)
+
+
+_raised: BaseException | None = None  # the exception ending the job, for the flight record
+
+
+def _flight_dump(message: str) -> str | None:
+    """Write this rank's flight record, ask the ranks on this host for theirs; its path."""
+    try:
+        if flight.keep() == 0:
+            return None
+        flight.ending = True
+        path = flight.dump(message, error=_raised)
+        flight.ask_peers()
+        return path
+    except BaseException as e:  # noqa: BLE001 -- the job must still end
+        try:
+            sys.stderr.write(f"mpidp: flight dump failed: {_text(e)}\n")
+        except BaseException:  # noqa: BLE001
+            pass
+        return None
 
 
 def _machinery(filename: str) -> bool:
@@ -144,6 +173,8 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     else:
         code = EXIT_TIMEOUT if isinstance(e, TimeoutError) else EXIT_ERROR
     _exit_later(code)  # before any printing: an exception's __str__ or stderr may block
+    global _raised
+    _raised = e
     if isinstance(e, SystemExit):
         if isinstance(e.code, int):
             abort(f"{what} exited with status {e.code}", code, comm)
@@ -179,6 +210,9 @@ def run(main: Callable[[], int | None], what: str, comm=None, farewell: bool = F
     bye = None
     if farewell:
         bye = _farewell = Farewell(MPI.COMM_WORLD)
+        if flight.keep():
+            flight.install()  # SIGUSR1 dumps (the main thread, before the program's)
+            flight.learn_peers()
     try:
         code = main()
     except BaseException as e:  # noqa: BLE001 -- any escape must end the job, not hang it

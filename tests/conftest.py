@@ -37,6 +37,16 @@ if OPEN_MPI:  # Open MPI also refuses to run as root unless told (harmless for o
 # the `no_debug_check` fixture, since the check's own exchange would be counted.
 os.environ.setdefault("MPIDP_DEBUG", "1")
 
+# Flight records (mpidp.flight) that the suite's aborted jobs write go to a folder of the
+# session's, not to ./mpidp-flight (the launched ranks inherit it; tests set their own).
+if not IN_RANK and "MPIDP_FLIGHT_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["MPIDP_FLIGHT_DIR"] = tempfile.mkdtemp(prefix="mpidp-flight-")
+    atexit.register(shutil.rmtree, os.environ["MPIDP_FLIGHT_DIR"], ignore_errors=True)
+
 # The mpich wheel puts mpiexec beside the venv's python: find it even when the
 # venv is not activated (`.venv/bin/python -m pytest`).
 _bin = os.path.dirname(sys.executable)

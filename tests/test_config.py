@@ -30,6 +30,8 @@ VALUES = {  # (variable, text) -> the value it means
     ("MPIDP_STAGING", ""): "auto", ("MPIDP_STAGING", "1"): "all", ("MPIDP_STAGING", "0"): "off",
     ("MPIDP_CUDA_AWARE", ""): None, ("MPIDP_CUDA_AWARE", "1"): True,
     ("MPIDP_CUDA_AWARE", "0"): False,
+    ("MPIDP_FLIGHT", ""): None, ("MPIDP_FLIGHT", "0"): 0, ("MPIDP_FLIGHT", " 128 "): 128,
+    ("MPIDP_FLIGHT_DIR", ""): None, ("MPIDP_FLIGHT_DIR", " d "): "d",
 }
 BAD = {  # variable -> texts it refuses, and what its error must say it takes
     "MPIDP_DEBUG": (["00", "2", "-1", "maybe", "enabled", "y", "0.0"],
@@ -39,6 +41,7 @@ BAD = {  # variable -> texts it refuses, and what its error must say it takes
                    "'default' or alpha,beta,gamma[,fixed[,beta_inter]]"),
     "MPIDP_STAGING": (["2", "auto", "yes", "on"], "'1', '0', or unset"),
     "MPIDP_CUDA_AWARE": (["2", "yes", "true"], "'1', '0', or unset"),
+    "MPIDP_FLIGHT": (["-1", "1.5", "many", "0x10"], "a whole number >= 0 (0: off)"),
 }
 
 

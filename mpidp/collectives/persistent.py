@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from .. import flight
 from . import api
 from .plan import Plan
 from .replay import Replay, recording, replayable
@@ -69,9 +70,17 @@ class Persistent:
         if self.replay is not None:
             self.request = self.replay
             self.replay.start()
+            self._record()
             return
         rounds = p.algo(*p.args) if self.log is None else recording(p, self.log)
         self.request = Request(p.call.comm, rounds, p.tag, p.finish, p.stager)
+        self._record()
+
+    def _record(self) -> None:
+        """The flight recorder's entry of this collective reads this start's request."""
+        entry = self.plan.call.entry
+        if entry is not None:
+            entry[flight.REQUEST] = self.request
 
     @staticmethod
     def Startall(requests) -> None:  # noqa: N802

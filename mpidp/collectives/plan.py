@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from .. import flight
+from ..flight import SIGNED, STARTED, STATE, TAG
 from .blocks import Blocks
 from .buffers import array_module, stager
 from .checks import agree, debug_enabled
@@ -73,7 +75,8 @@ class Call:
     `started` (`state.CommState.begin_start`: two threads starting at once raise).
     """
 
-    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent", "starting")
+    __slots__ = ("comm", "state", "slot", "user_tag", "debug", "persistent", "starting",
+                 "entry")
 
     def __init__(self, comm, tag: int | None, debug: bool, persistent: bool = False):
         self.comm, self.persistent = comm, persistent
@@ -82,6 +85,11 @@ class Call:
         self.state: CommState = state(comm)
         self.user_tag = None if tag is None else check_user_tag(tag)
         self.slot = None if tag is not None else self.state.take()
+        rec = self.state.flight  # the flight recorder's entry (mpidp.flight), or None
+        self.entry = None if rec is None else rec.add(
+            None if self.slot is None else self.state.started - 1)
+        if persistent and self.entry is not None:  # started many times, on one entry
+            self.entry[STATE] = flight.PERSISTENT
         if persistent and self.slot is not None:
             try:
                 self.state.hold(self.slot)
@@ -126,9 +134,11 @@ class Call:
 
     def tag(self, signed: Signed) -> int:
         """The tag for this call, with its signature folded in."""
-        if self.slot is None:
-            return self.user_tag
-        return self.state.tag(self.slot, signed.sig, self.persistent)
+        tag = self.user_tag if self.slot is None else self.state.tag(
+            self.slot, signed.sig, self.persistent)
+        if self.entry is not None:
+            self.entry[SIGNED], self.entry[TAG] = signed, tag
+        return tag
 
     def started(self) -> None:
         """The call has returned: its start on this thread is over (MPIDP_DEBUG)."""
@@ -140,6 +150,15 @@ class Call:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
+        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED,
+                                                            flight.PERSISTENT):
+            self.entry[STATE] = flight.COMPLETE  # (or failed while it ran: Request.error)
+
+    def failed(self, e: BaseException) -> None:
+        """Planning or running raised `e`: the slot goes back, the record says why."""
+        self.end()
+        if self.entry is not None:
+            flight.fail(self.entry, e)
 
 
 class Plan:
@@ -178,18 +197,29 @@ class Plan:
         self.call.end()
 
     def start(self) -> Request:
-        call = self.call
+        call, entry = self.call, self.call.entry
+        if entry is not None:
+            entry[STATE] = STARTED
         try:
-            return Request(call.comm, self.algo(*self.args), self.tag, self.done,
-                           self.stager, self.free)
+            request = Request(call.comm, self.algo(*self.args), self.tag, self.done,
+                              self.stager, self.free)
         finally:
             if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
                 call.started()
+        if entry is not None:
+            entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
+        return request
 
     def run(self) -> None:
-        call = self.call
+        call, entry = self.call, self.call.entry
+        if entry is not None:
+            entry[STATE] = STARTED
         try:
             run(call.comm, self.algo(*self.args), self.tag, self.done, self.stager, self.free)
+        except BaseException as e:
+            if entry is not None:
+                flight.fail(entry, e)
+            raise
         finally:
             if call.starting:
                 call.started()
@@ -236,8 +266,8 @@ def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: boo
     call = Call(comm, tag, debug, persistent)
     try:
         plan = body(call, *args, **kwargs)
-    except BaseException:
-        call.end()
+    except BaseException as e:
+        call.failed(e)
         call.started()
         raise
     if persistent:
@@ -253,8 +283,8 @@ def planned(body):
         call = Call(comm, tag, debug, persistent)  # as in_sequence, one call less per collective
         try:
             plan = body(call, *args, **kwargs)
-        except BaseException:
-            call.end()
+        except BaseException as e:
+            call.failed(e)
             call.started()
             raise
         if persistent:

@@ -153,7 +153,8 @@ class Request:
     """
 
     __slots__ = ("_comm", "_tag", "_rounds", "_reqs", "_finish", "_stager", "_on_done",
-                 "_on_fail", "_lock", "_active", "done", "error", "rounds", "completed_at")
+                 "_on_fail", "_lock", "_active", "done", "error", "rounds", "completed_at",
+                 "_round")
 
     def __init__(self, comm, rounds: Rounds, tag: int,
                  on_done: Callable[[], None] | None = None, stager: Stager | None = None,
@@ -169,6 +170,7 @@ class Request:
         self.rounds = 0  # rounds posted so far (the α term of the cost model)
         self.completed_at: float | None = None  # time.perf_counter() when it completed
         self._active = True  # not yet reported complete by Test/Wait (MPI: not REQUEST_NULL)
+        self._round: Round | None = None  # the round posted last (read by a flight dump)
         with self._lock:
             self._advance()
 
@@ -186,7 +188,7 @@ class Request:
             self._failed(exc)
             raise
         if round_ is None:
-            self._reqs = []
+            self._reqs, self._round = [], None
             self.done = True
             self.completed_at = time.perf_counter()
             if self._on_done is not None:
@@ -199,12 +201,13 @@ class Request:
         fill = None
         if self._stager is not None:
             round_, fill, self._finish = self._stager(round_)
+        self._round = round_
         self._reqs = post(self._comm, round_, self._tag, fill)
 
     def _failed(self, exc: BaseException) -> None:
         """The collective's own work raised: nothing of it is in flight; give back what
         it holds (`on_fail`) and drop the references to the caller's arrays."""
-        self.error, self._reqs = exc, []
+        self.error, self._reqs, self._round = exc, [], None
         on_fail = self._on_fail
         self._rounds = self._on_done = self._on_fail = self._stager = self._finish = None
         if on_fail is not None:

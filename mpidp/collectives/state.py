@@ -38,6 +38,7 @@ import zlib
 
 from mpi4py import MPI
 
+from .. import flight
 from .buffers import ScratchPool
 
 TAG_BASE = 0x4D50  # 19792: mpidp's tags are TAG_BASE and up; below it, the user's
@@ -54,6 +55,7 @@ class CommState:
         self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (topology.placement)
         self.setups: dict = {}  # call signature -> what it determines (`plan.Call.setup`)
+        self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
         self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
         if self.sigs < 2:
             raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
@@ -225,6 +227,7 @@ def _find(comm) -> CommState:
         found = _unwrapped.get(base)
         if found is None:
             found = _unwrapped[base] = CommState(_tag_ub(base))
+            found.flight = flight.recorder(base)
         return found
     if base.Is_inter():  # never given a state, so every call on it gets here and raises
         raise NotImplementedError(INTERCOMM)
@@ -234,6 +237,7 @@ def _find(comm) -> CommState:
     found = base.Get_attr(_keyval)
     if found is None:
         found = CommState(_tag_ub(base))
+        found.flight = flight.recorder(base)
         base.Set_attr(_keyval, found)
     return found
 

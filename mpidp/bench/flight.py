@@ -1,0 +1,76 @@
+"""The flight recorder's cost on the per-call path: an 8 B all-reduce, recorder on and off.
+
+    mpiexec -n 2 python -m mpidp.bench.flight [--calls 20000] [--reps 3]
+
+On and off runs alternate (on, off, on, off, ...) on one communicator, so that a
+machine whose load changes affects both alike; each run times `calls` blocking
+all-reduces of one float64 and reports the median per-call time of its rank 0.
+The printed figures are the medians over `reps` runs of each, their difference, and
+the median of the differences of each on run and the off run after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import collectives as mp
+from ..collectives.state import state
+
+# The timed loop is compiled as a program's own code (its file is not under mpidp/), as
+# in a user's script: the recorder walks up to the first frame outside mpidp, and from
+# a loop inside mpidp it would walk up to runpy, which no program pays for.
+_LOOP = """
+def per_call(comm, x, calls):
+    times = np.empty(calls)
+    for i in range(calls):
+        t = time.perf_counter()
+        mp.allreduce(comm, mp.IN_PLACE, x, op=MPI.MAX, algorithm="recursive_doubling")
+        times[i] = time.perf_counter() - t
+    return float(np.median(times)), float(np.percentile(times, 5))
+"""
+_ns = {"np": np, "time": time, "mp": mp, "MPI": MPI}
+exec(compile(_LOOP, "<a program>", "exec"), _ns)
+per_call = _ns["per_call"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench.flight")
+    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.ones(1)
+    st = state(comm)
+    recorder = st.flight
+    per_call(comm, x, 1000)  # warm-up
+    on, off = [], []
+    for _ in range(args.reps):
+        for mode, out in ((recorder, on), (None, off)):
+            st.flight = mode
+            comm.Barrier()
+            out.append(per_call(comm, x, args.calls))
+    # the 5th percentile of each run's calls: what a call costs when the machine lets it
+    on5, off5 = [v[1] for v in on], [v[1] for v in off]
+    on, off = [v[0] for v in on], [v[0] for v in off]
+    st.flight = recorder
+    if comm.Get_rank() == 0:
+        a, b = statistics.median(on), statistics.median(off)
+        pair = statistics.median(x - y for x, y in zip(on, off, strict=True))  # on vs the next off
+        print(f"8 B all-reduce, {comm.Get_size()} ranks, median of {args.reps} runs of "
+              f"{args.calls} calls: recorder on {a * 1e6:.2f} us, off {b * 1e6:.2f} us, "
+              f"cost {(a - b) * 1e6:+.2f} us ({(a - b) / b:+.1%}), median of paired "
+              f"differences {pair * 1e6:+.2f} us; on {[round(v * 1e6, 2) for v in on]}, "
+              f"off {[round(v * 1e6, 2) for v in off]}; 5th percentiles: on "
+              f"{statistics.median(on5) * 1e6:.2f} us, off {statistics.median(off5) * 1e6:.2f} us "
+              f"({(statistics.median(on5) - statistics.median(off5)) * 1e6:+.2f} us)")
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

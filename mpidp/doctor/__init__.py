@@ -1,0 +1,351 @@
+"""The hang doctor: read every rank's flight record (`mpidp.flight`) and say why the job hung.
+
+    python -m mpidp.doctor DIR [--json] [--plot FILE.png]
+
+The records are lined up by communicator id and sequence number (the k-th
+collective on a communicator is collective #k on every member rank). What it
+looks for, in this order, and the cause it names first:
+
+1. the first number where the ranks' calls differ (collective, count, dtype, op,
+   algorithm, root): ``different_collective`` (a rank skipped one, or calls them
+   in another order) or ``arguments`` (the same collective, other arguments);
+2. ranks with no record (killed, or died before they could write one) that others
+   wait for: ``killed``;
+3. ranks that never reached a collective the others are in, and where their main
+   thread is: in another communicator's collective (with a cycle in the waits-for
+   graph: ``cycle``), in a blocking point-to-point call of the program's (``p2p``),
+   computing or sleeping (``computing``);
+4. a rank whose program raised (``exception``).
+
+The waits-for graph has an arrow a -> b when rank a, in a collective in flight,
+waits in its current round for a message from (or to) rank b, or waits in a
+collective that b has not reached. Its cycles and its roots (ranks waited for
+that wait for nobody) are reported.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections import Counter, defaultdict
+
+SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
+IN_FLIGHT = ("planned", "started", "timed out")
+_MPIDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_P2P = re.compile(r"\.(I?[Rr]ecv|Sendrecv\w*|[Pp]robe|Mprobe|Wait\w*|[Ss]send|Send|send|wait)\(")
+
+
+class Unreadable(Exception):
+    """The folder holds no readable flight record (exit code 2)."""
+
+
+def load(folder: str) -> dict[int, dict]:
+    """Every rank's record in `folder`, by world rank."""
+    if not os.path.isdir(folder):
+        raise Unreadable(f"{folder}: no such folder")
+    paths = sorted(glob.glob(os.path.join(folder, "flight-rank-*.json")))
+    if not paths:
+        raise Unreadable(f"{folder}: no flight record (flight-rank-*.json) in it")
+    records = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            rank, size = int(rec["rank"]), int(rec["size"])
+            rec["comms"], rec["threads"]  # noqa: B018 - present, or KeyError
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise Unreadable(f"{path}: not a flight record ({type(e).__name__}: {e})") from None
+        if rank in records or not 0 <= rank < size:
+            raise Unreadable(f"{path}: rank {rank} of {size} twice or out of range")
+        records[rank] = rec
+    return records
+
+
+def signature(call: dict) -> tuple:
+    return tuple(_hashable(call.get(k)) for k in SIG_FIELDS)
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+def describe(call: dict) -> str:
+    """``allreduce(count=8, dtype=float64, op=sum, algorithm=ring)``"""
+    args = ", ".join(f"{k}={call[k]}" for k in SIG_FIELDS[1:] if call.get(k) is not None)
+    return f"{call.get('collective', '?')}({args})"
+
+
+def short(site: str | None) -> str:
+    """A call site relative to the working folder when it is under it."""
+    if not site:
+        return "?"
+    path, _, line = site.rpartition(":")
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return f"{path if rel.startswith('..') else rel}:{line}"
+
+
+def ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class Comm:
+    """One communicator as the records show it: its members and each rank's calls."""
+
+    def __init__(self, cid: str):
+        self.id = cid
+        self.members: list[int] | None = None
+        self.calls: dict[int, dict[int, dict]] = {}  # world rank -> seq -> call
+        self.local: dict[int, int] = {}  # world rank -> its rank in this comm
+
+    def world(self, local_rank: int) -> int:
+        return self.members[local_rank] if self.members else local_rank
+
+    def reached(self, rank: int) -> int:
+        """The highest number `rank` has called (-1: none recorded)."""
+        return max(self.calls.get(rank, {}), default=-1)
+
+
+def _comms(records: dict[int, dict]) -> tuple[dict[str, Comm], list[str]]:
+    comms: dict[str, Comm] = {}
+    notes = []
+    for rank, rec in records.items():
+        for c in rec["comms"]:
+            comm = comms.setdefault(c["id"], Comm(c["id"]))
+            if c.get("members") is not None:
+                if comm.members is not None and comm.members != c["members"]:
+                    notes.append(f"communicator {c['id']}: rank {rank} has members "
+                                 f"{c['members']}, another rank {comm.members} (ids disagree)")
+                comm.members = comm.members or c["members"]
+            comm.local[rank] = c.get("rank")
+            for k in c["calls"]:
+                k["site"] = short(k.get("site"))
+            comm.calls[rank] = {k["seq"]: k for k in c["calls"] if k.get("seq") is not None}
+    return comms, notes
+
+
+def where(rec: dict) -> dict:
+    """What a rank's main thread is doing, from its stack: in a collective of mpidp's,
+    in a blocking point-to-point call of the program's, or computing (sleeping)."""
+    threads = [t for t in rec["threads"] if t.get("main")] or rec["threads"][:1]
+    stack = threads[0]["stack"] if threads else []
+    if rec.get("exception") and rec["exception"]["stack"]:  # where it was, not the abort
+        stack = rec["exception"]["stack"]
+    if not stack:
+        return {"kind": "unknown", "text": "no stack recorded"}
+    user = [f for f in stack if not f["file"].startswith(_MPIDP) and "runpy" not in f["file"]
+            and not f["file"].endswith(os.path.join("mpi4py", "run.py"))]
+    top = user[-1] if user else stack[-1]
+    site = short(f"{top['file']}:{top['line']}")
+    inner = stack[stack.index(top) + 1:] if top in stack else []
+    if any(os.sep + "collectives" + os.sep in f["file"] for f in inner):
+        return {"kind": "collective", "site": site, "code": top["code"],
+                "text": f"in a collective of mpidp's called at {site} ({top['code']})"}
+    if _P2P.search(top["code"] or ""):
+        return {"kind": "p2p", "site": site, "code": top["code"],
+                "text": f"in a blocking point-to-point call of its own at {site} "
+                        f"({top['code']})"}
+    how = "sleeping" if "sleep(" in (top["code"] or "") else "computing"
+    return {"kind": "computing", "site": site, "code": top["code"],
+            "text": f"{how} at {site} ({top['code'] or top['function']}), in no collective"}
+
+
+def _in_flight(records) -> list[dict]:
+    """Every call in flight on every rank, with its communicator."""
+    out = []
+    for rank, rec in sorted(records.items()):
+        for c in rec["comms"]:
+            for call in c["calls"]:
+                if call.get("state") in IN_FLIGHT:
+                    out.append({"rank": rank, "comm": c["id"], **call})
+    return out
+
+
+def _first_difference(comm: Comm, records) -> dict | None:
+    """The first number on `comm` where the ranks' calls differ, or where some ranks wait
+    in a collective others never reached."""
+    present = [r for r in (comm.members or sorted(comm.calls)) if r in records]
+    seqs = sorted({s for calls in comm.calls.values() for s in calls})
+    for s in seqs:
+        have = {r: comm.calls[r][s] for r in present if s in comm.calls.get(r, {})}
+        groups = defaultdict(list)
+        for r, call in have.items():
+            groups[signature(call)].append(r)
+        behind = [r for r in present if comm.reached(r) < s]
+        waiting = [r for r, call in have.items() if call.get("state") in IN_FLIGHT]
+        if len(groups) > 1 or (behind and waiting):
+            return {"comm": comm.id, "seq": s, "behind": behind, "waiting": waiting,
+                    "groups": [{"ranks": rs, "call": describe(have[rs[0]]),
+                                "collective": have[rs[0]].get("collective"),
+                                "sites": sorted({have[r]["site"] for r in rs}),
+                                "states": sorted({have[r]["state"] for r in rs})}
+                               for rs in sorted(groups.values(), key=lambda g: (-len(g), g))]}
+    return None
+
+
+def _graph(records, comms, flight) -> list[dict]:
+    edges = []
+    for call in flight:
+        comm = comms[call["comm"]]
+        a, label = call["rank"], f"{call.get('collective', '?')} #{call['seq']}"
+        if call["comm"] != "world":
+            label += f" on {call['comm']}"
+        if "pending" in call:
+            rnd = call.get("round")
+            for m in call["pending"]:
+                b = comm.world(m["peer"])
+                edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
+                              "round": rnd, "kind": m["kind"],
+                              "label": f"{label} round {rnd}"})
+        else:  # no round known: it waits for every member that has not reached it
+            for b in comm.members or []:
+                if b != a and (b not in records or comm.reached(b) < (call["seq"] or 0)):
+                    edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
+                                  "round": None, "kind": "not reached",
+                                  "label": f"{label} (not reached)"})
+    seen, unique = set(), []
+    for e in edges:
+        key = (e["from"], e["to"], e["label"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(e)
+    return unique
+
+
+def _cycles(nodes, edges) -> list[list[int]]:
+    """The strongly connected parts with more than one rank (Tarjan), each a cycle of waits."""
+    succ = defaultdict(set)
+    for e in edges:
+        succ[e["from"]].add(e["to"])
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(succ[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1 or v in succ[v]:
+                out.append(sorted(part))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def diagnose(records: dict[int, dict]) -> dict:
+    """The diagnosis as data: the cause first, then the evidence."""
+    size = max(rec["size"] for rec in records.values())
+    missing = [r for r in range(size) if r not in records]
+    jobs = sorted({str(rec.get("job")) for rec in records.values()})
+    comms, notes = _comms(records)
+    if len(jobs) > 1:
+        notes.append(f"the records come from different jobs: {', '.join(jobs)}")
+    flight = _in_flight(records)
+    edges = _graph(records, comms, flight)
+    nodes = set(range(size))
+    cycles = _cycles(nodes, edges)
+    waiting_on = Counter(e["to"] for e in edges)
+    out_of = {e["from"] for e in edges}
+    roots = sorted(b for b in waiting_on if b not in out_of)
+    first = [d for d in (_first_difference(c, records) for c in comms.values()) if d]
+    first.sort(key=lambda d: (d["comm"] != "world", d["seq"]))
+    wheres = {r: where(rec) for r, rec in records.items()}
+    failed = {r: [c for c in rec["comms"] for c in c["calls"] if c.get("state") == "failed"
+                  and not c.get("error", "").startswith("TimeoutError")]
+              for r, rec in records.items()}
+    raised = {r: rec["reason"] for r, rec in records.items()
+              if "failed:" in rec.get("reason", "") and "TimeoutError" not in rec["reason"]}
+    d = {"size": size, "records": sorted(records), "missing": missing, "jobs": jobs,
+         "first_difference": first[0] if first else None, "differences": first,
+         "in_flight": flight, "edges": edges, "cycles": cycles, "roots": roots,
+         "where": wheres, "raised": raised, "notes": notes}
+    d["cause"] = _cause(d, comms, failed)
+    return d
+
+
+def _cause(d, comms, failed) -> dict:
+    first = d["first_difference"]
+    if first and len(first["groups"]) > 1:
+        main, *odd = first["groups"]
+        site = main["sites"][0]
+        oddr = sorted(r for g in odd for r in g["ranks"])
+        if all(g["collective"] == main["collective"] for g in odd):
+            kind = "arguments"
+            text = (f"{ranks_text(oddr)} called {main['collective']} #{first['seq']} on "
+                    f"{first['comm']} with other arguments than {ranks_text(main['ranks'])} "
+                    f"({'; '.join(g['call'] + ' at ' + g['sites'][0] for g in odd)} vs "
+                    f"{main['call']} at {site})")
+        else:
+            kind = "different_collective"
+            text = (f"{ranks_text(oddr)} called "
+                    f"{' / '.join(g['collective'] + ' at ' + g['sites'][0] for g in odd)} as "
+                    f"collective #{first['seq']} on {first['comm']}, where "
+                    f"{ranks_text(main['ranks'])} called {main['collective']} at {site}"
+                    + (" and wait in it" if set(main["states"]) & set(IN_FLIGHT) else "") + ": "
+                    f"{'it' if len(oddr) == 1 else 'they'} skipped that {main['collective']}, "
+                    "or the ranks call collectives in different orders")
+        return {"kind": kind, "ranks": oddr, "comm": first["comm"], "seq": first["seq"],
+                "site": site, "text": text}
+    waited = {e["to"] for e in d["edges"]}
+    dead = [r for r in d["missing"] if r in waited] or d["missing"]
+    if dead:
+        ws = [e for e in d["edges"] if e["to"] in dead]
+        e = ws[0] if ws else None
+        text = (f"{ranks_text(dead)} left no record (killed, or died before writing one)"
+                + (f"; {ranks_text({x['from'] for x in ws})} wait for "
+                   f"{'it' if len(dead) == 1 else 'them'} in {e['label']}" if e else ""))
+        return {"kind": "killed", "ranks": dead, "comm": e and e["comm"],
+                "seq": e and e["seq"], "site": None, "text": text}
+    if d["raised"]:
+        r = min(d["raised"])
+        site = d["where"][r].get("site")
+        return {"kind": "exception", "ranks": sorted(d["raised"]), "comm": None, "seq": None,
+                "site": site, "text": f"rank {r} raised at {site}: {d['raised'][r]}"}
+    if first and first["behind"]:
+        behind = first["behind"]
+        kinds = {r: d["where"][r]["kind"] for r in behind}
+        waiting = first["waiting"]
+        call = first["groups"][0] if first["groups"] else None
+        what = (f"{call['collective']} #{first['seq']} on {first['comm']} (at "
+                f"{call['sites'][0]})" if call else f"#{first['seq']} on {first['comm']}")
+        r = behind[0]
+        if d["cycles"] and any(r in c for c in d["cycles"]) and kinds[r] == "collective":
+            kind = "cycle"
+            cyc = " -> ".join(map(str, d["cycles"][0] + d["cycles"][0][:1]))
+            text = (f"{ranks_text(behind)} never reached {what}, which {ranks_text(waiting)} "
+                    f"wait in: rank {r} is {d['where'][r]['text']}, and the ranks wait for "
+                    f"each other in a cycle ({cyc}): they call collectives on different "
+                    "communicators in different orders")
+        else:
+            kind = {"collective": "other_collective", "p2p": "p2p"}.get(kinds[r], "computing")
+            text = (f"{ranks_text(behind)} never reached {what}, which "
+                    f"{ranks_text(waiting)} wait in: rank {r} is {d['where'][r]['text']}")
+        return {"kind": kind, "ranks": behind, "comm": first["comm"], "seq": first["seq"],
+                "site": d["where"][r].get("site"), "text": text}
+    if any(failed.values()):
+        r = min(r for r, v in failed.items() if v)
+        c = failed[r][0]
+        return {"kind": "exception", "ranks": [r], "comm": None, "seq": c["seq"],
+                "site": c["site"], "text": f"rank {r}: {describe(c)} at {c['site']} "
+                f"failed: {c['error']}"}
+    if not d["in_flight"]:
+        return {"kind": "no_hang", "ranks": [], "comm": None, "seq": None, "site": None,
+                "text": "no collective is in flight on any rank: the records show no hang"}
+    return {"kind": "unknown", "ranks": [], "comm": None, "seq": None, "site": None,
+            "text": "collectives are in flight, but the records agree: a slow link or peer?"}

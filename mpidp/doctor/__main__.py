@@ -1,0 +1,83 @@
+"""``python -m mpidp.doctor DIR [--json] [--plot FILE.png]``: why the job whose flight
+records are in DIR hung, in plain words (the cause in one line, then the evidence).
+
+Exit code 0 with a diagnosis, 2 when DIR holds no readable record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from . import Unreadable, diagnose, load, ranks_text, short
+
+
+def text(d: dict, folder: str) -> str:
+    """The diagnosis as the doctor prints it."""
+    c = d["cause"]
+    out = [f"cause: {c['text']}", "",
+           f"evidence ({len(d['records'])} of {d['size']} ranks left a record in {folder}; "
+           f"job {', '.join(d['jobs'])}):"]
+    if d["missing"]:
+        out.append(f"  no record: {ranks_text(d['missing'])} (killed, or died before writing)")
+    first = d["first_difference"]
+    if first:
+        out.append(f"  first difference: collective #{first['seq']} on {first['comm']}")
+        for g in first["groups"]:
+            out.append(f"    {ranks_text(g['ranks'])}: {g['call']} at "
+                       f"{', '.join(map(short, g['sites']))} ({', '.join(g['states'])})")
+        if first["behind"]:
+            out.append(f"    {ranks_text(first['behind'])}: never reached it")
+    for r in sorted(d["where"]):
+        w = d["where"][r]
+        mine = [f for f in d["in_flight"] if f["rank"] == r]
+        if mine:
+            for f in mine:
+                pend = ", ".join(f"{e['kind']} {'from' if e['kind'] == 'recv' else 'to'} "
+                                 f"{e['to']}" for e in d["edges"]
+                                 if e["from"] == r and e["seq"] == f["seq"]
+                                 and e["comm"] == f["comm"])
+                rnd = f" round {f['round']}" if f.get("round") is not None else ""
+                out.append(f"  rank {r}: in {f.get('collective', '?')} #{f['seq']} on "
+                           f"{f['comm']}{rnd} ({f['state']}, called at {short(f['site'])})"
+                           + (f", waiting: {pend}" if pend else ""))
+        else:
+            out.append(f"  rank {r}: {w['text']}")
+    if d["edges"]:
+        out.append("  waits-for: " + "; ".join(f"{e['from']} -> {e['to']} ({e['label']})"
+                                            for e in d["edges"]))
+    out.append("  cycles: " + ("; ".join(" -> ".join(map(str, c + c[:1])) for c in d["cycles"])
+                               or "none"))
+    out.append("  roots (waited for, waiting for nobody): "
+               + (", ".join(map(str, d["roots"])) or "none"))
+    for r, reason in sorted(d["raised"].items()):
+        out.append(f"  rank {r} raised: {reason}")
+    out += [f"  note: {n}" for n in d["notes"]]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpidp.doctor", description=__doc__.split("\n")[0])
+    p.add_argument("folder", help="the folder of the flight records (MPIDP_FLIGHT_DIR)")
+    p.add_argument("--json", action="store_true", help="the diagnosis as JSON")
+    p.add_argument("--plot", metavar="FILE", help="draw the waits-for graph to FILE (PNG)")
+    args = p.parse_args(argv)
+    if argv is None:  # as a command: `| head` ends it quietly, as it does other tools
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        d = diagnose(load(args.folder))
+    except Unreadable as e:
+        print(f"mpidp.doctor: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(d, indent=1, default=str) if args.json else text(d, args.folder))
+    if args.plot:
+        from .plot import draw
+
+        draw(d, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""The flight recorder: the last K collectives of every communicator, dumped when a job hangs.
+
+Each communicator's state (`collectives.state`) keeps a `Recorder`: the last
+``MPIDP_FLIGHT`` collectives (default 64, 0: off), each an entry (a list) holding its
+number in the communicator's sequence, the collective and its signature's
+fields (counts, dtype, op, algorithm, root), its tag, the call site in the
+user's code (the first frame outside mpidp), the time it was called, and its
+state: ``planned`` (arguments checked), ``started`` (its rounds are running),
+``complete``, or ``failed`` (with the exception). Nothing per round is recorded:
+what a collective in flight is doing (its round, the peers whose messages are
+not complete) is read from the live request, or from the frame of the blocking
+driver, when a dump is taken.
+
+Identity, so that `mpidp.doctor` can line the ranks' records up:
+
+- the job: ``SLURM_JOB_ID.SLURM_STEP_ID``, ``PMIX_NAMESPACE`` (Open MPI 5, PMIx
+  launchers), ``OMPI_MCA_ess_base_jobid`` (Open MPI 4), else under ``python -m
+  mpidp`` world rank 0's ``host:pid`` (learned at start-up, `learn_peers`: MPICH's
+  Hydra sets no job variable), else None;
+- a communicator: ``world`` and ``self``; a duplicate (``Dup``, ``Idup``,
+  ``Dup_with_info``, whichever wrapper made it) is its parent's id and its place
+  in the order of the parent's duplicates, ``world.0``, ``world.1``, ``world.0.0``
+  (an MPI attribute copy callback numbers them, on every member alike, since a
+  duplication is collective over the parent). A communicator made otherwise
+  (``Split``, ``Create``) is named by its members, in world ranks, and its place
+  in the order this rank first used such a communicator: ``g<crc>#k``; the
+  record holds the members, which the doctor checks.
+
+Dumps: `dump` writes this rank's record and the Python stack of every thread as
+one JSON file, ``flight-rank-<world rank>.json`` in ``MPIDP_FLIGHT_DIR`` (default
+``mpidp-flight`` in the working folder), atomically (a temporary file, then a
+rename), and never waits for another rank. It is called on demand, by
+`watchdog.abort` (a deadline passed, or the program raised under ``python -m
+mpidp``; the abort then waits `watchdog.FLIGHT_MARGIN_S` so that the other
+ranks write theirs), and on ``SIGUSR1`` (`install`): Python runs signal handlers
+only when the main thread returns from MPI, so the signal's C handler wakes a
+thread through ``signal.set_wakeup_fd``, and that thread dumps while the program
+goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+import zlib
+
+from mpi4py import MPI
+
+from . import config
+
+DEFAULT_K = 64
+DEFAULT_DIR = "mpidp-flight"
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
+
+PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
+TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
+PERSISTENT = "persistent"  # a *_init collective: in flight while its last Start's request is
+
+
+def keep() -> int:
+    """Collectives kept per communicator (``MPIDP_FLIGHT``; 0: the recorder is off)."""
+    k = config.get("MPIDP_FLIGHT")
+    return DEFAULT_K if k is None else k
+
+
+def folder() -> str:
+    """Where the dumps go (``MPIDP_FLIGHT_DIR``, or ``mpidp-flight`` here)."""
+    return config.get("MPIDP_FLIGHT_DIR") or DEFAULT_DIR
+
+
+# An entry is a list, not an object: it is made on every call's path, and a list of
+# nine costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us).
+SEQ, FILE, LINE, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
+
+
+def fail(entry: list, e: BaseException) -> None:
+    """The call of `entry` raised `e`. A deadline's TimeoutError leaves it in flight: its
+    request (from the blocking driver's frame) is kept for the dump to read its round."""
+    entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
+    if isinstance(e, TimeoutError):
+        entry[STATE] = TIMED_OUT
+        from .collectives import schedule
+        tb = e.__traceback__
+        while tb is not None and entry[REQUEST] is None:
+            if tb.tb_frame.f_code is schedule.run.__code__:
+                entry[REQUEST] = tb.tb_frame.f_locals.get("request")
+            tb = tb.tb_next
+
+
+class Recorder:
+    """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
+
+    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "__weakref__")
+
+    def __init__(self, base, k: int):
+        self.calls: collections.deque = collections.deque(maxlen=k)
+        self.comm_id, self.how, self.members = _identify(base)
+        try:
+            self.size, self.rank = base.Get_size(), base.Get_rank()
+        except Exception:  # noqa: BLE001 - a comm-like object
+            self.size = self.rank = None
+        _recorders.add(self)
+
+    def add(self, seq) -> list:
+        """Record a call numbered `seq`, made from the first frame outside mpidp: the
+        entry [seq, file, line, time, state, signed, tag, error, request]."""
+        f = sys._getframe(2)
+        while f.f_back is not None and f.f_code.co_filename.startswith(_HERE):
+            f = f.f_back
+        entry = [seq, f.f_code.co_filename, f.f_lineno, time.time(), PLANNED, None, None,
+                 None, None]
+        self.calls.append(entry)
+        return entry
+
+
+_recorders: weakref.WeakSet = weakref.WeakSet()
+
+
+def recorder(base) -> Recorder | None:
+    """A new communicator's recorder (None when ``MPIDP_FLIGHT=0``)."""
+    k = keep()
+    if k == 0:
+        return None
+    install()
+    return Recorder(base, k)
+
+
+# ------------------------------------------------------------ identity
+
+class _Ident:
+    """The attribute that names a communicator; its duplicates get numbered names."""
+
+    def __init__(self, name: str):
+        self.name, self.children = name, 0
+
+
+def _copy(comm, keyval, parent: _Ident) -> _Ident:  # MPI calls it in Dup, on every member
+    child = _Ident(f"{parent.name}.{parent.children}")
+    parent.children += 1
+    return child
+
+
+# another thread (SIGUSR1's) asks MPI about requests only where MPI allows it
+_MULTIPLE = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+_WORLD = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()  # a dump makes no MPI call
+_idkey = MPI.Comm.Create_keyval(copy_fn=_copy)
+MPI.COMM_WORLD.Set_attr(_idkey, _Ident("world"))
+MPI.COMM_SELF.Set_attr(_idkey, _Ident("self"))
+_first_use: collections.Counter = collections.Counter()  # members -> comms named by use
+
+
+def _identify(base) -> tuple[str, str, list[int] | None]:
+    """(id, how it was given: "creation" or "first use", the members' world ranks)."""
+    if not isinstance(base, MPI.Comm):
+        _first_use["local"] += 1
+        return f"local#{_first_use['local'] - 1}", "first use", None
+    try:
+        members = list(base.Get_group().Translate_ranks(range(base.Get_size()),
+                                                        MPI.COMM_WORLD.Get_group()))
+    except MPI.Exception:  # an intercommunicator's remote side, a freed group
+        members = None
+    ident = base.Get_attr(_idkey)
+    if ident is not None:
+        return ident.name, "creation", members
+    key = zlib.crc32(repr(members).encode())
+    name = f"g{key:08x}#{_first_use[key]}"
+    _first_use[key] += 1
+    base.Set_attr(_idkey, _Ident(name))  # its duplicates are numbered from it
+    return name, "first use", members
+
+
+_peers: list | None = None  # (host, pid) of every world rank, under python -m mpidp
+
+
+def learn_peers(comm=None) -> None:
+    """Every rank's host and pid (collective over the world, once, at start-up): a rank
+    whose deadline passes asks the ranks on its host to dump too (SIGUSR1)."""
+    global _peers
+    _peers = (comm or MPI.COMM_WORLD).allgather((socket.gethostname(), os.getpid()))
+
+
+def job_id() -> str | None:
+    """What names this job on every rank alike (see the module's docstring)."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"
+    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"):
+        if env.get(name):
+            return f"{name}:{env[name]}"
+    if _peers is not None:
+        return "rank0:{}:{}".format(*_peers[0])
+    return None
+
+
+# ------------------------------------------------------------ what a collective is doing now
+
+def _round_of(request) -> dict:
+    """The round a live `schedule.Request` is in, and which of its messages are pending."""
+    out = {"round": request.rounds, "done": request.done}
+    if request.done:
+        return out
+    round_ = getattr(request, "_round", None)
+    if not (threading.current_thread() is threading.main_thread() or _MULTIPLE) or \
+            not request._lock.acquire(timeout=0.2):  # a round's reduction in progress
+        out["pending"] = _peers_of(round_, None)
+        return out
+    try:
+        reqs = list(request._reqs)
+        flags = [bool(r.Get_status()) for r in reqs]  # never frees a request, unlike Test
+    finally:
+        request._lock.release()
+    out["pending"] = _peers_of(round_, flags)
+    return out
+
+
+def _peers_of(round_, flags) -> list[dict]:
+    """Messages of `round_` not known complete (posted receives first, as `schedule.post`)."""
+    if not round_:
+        return []
+    msgs = [m for m in round_ if not m.outgoing] + [m for m in round_ if m.outgoing]
+    return [{"peer": int(m.peer), "kind": "send" if m.outgoing else "recv",
+             "known": flags is not None}
+            for i, m in enumerate(msgs) if flags is None or i >= len(flags) or not flags[i]]
+
+
+def _live(entry: list, frames) -> dict:
+    request = entry[REQUEST]
+    if request is not None and hasattr(request, "_lock"):
+        return _round_of(request)
+    from .collectives import schedule  # the blocking driver's frame holds what it runs
+    for frame in frames:
+        f = frame
+        while f is not None:
+            if f.f_code is schedule.run.__code__ and f.f_locals.get("tag") == entry[TAG]:
+                loc = f.f_locals
+                if isinstance(loc.get("request"), schedule.Request):
+                    return _round_of(loc["request"])
+                return {"round": loc.get("count", 0) + 1, "done": False,
+                        "pending": _peers_of(loc.get("round_"), None)}
+            f = f.f_back
+    return {}
+
+
+def _entry(e: list, frames) -> dict:
+    d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": e[FILE], "line": e[LINE],
+         "site": f"{e[FILE]}:{e[LINE]}", "t": e[T]}
+    if e[SIGNED] is not None:
+        d["collective"] = e[SIGNED].collective
+        d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)
+                  for k, v in e[SIGNED].description.items()})
+    if e[STATE] == PERSISTENT:  # one entry for every start: the last one's state
+        req = e[REQUEST]
+        d["state"] = PERSISTENT if req is None or req.done else STARTED
+    failed = getattr(e[REQUEST], "error", None)  # the I-form's own work raised as it ran
+    if failed is not None and e[ERROR] is None:
+        d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
+    if e[ERROR] is not None:
+        d["error"] = e[ERROR]
+    if d["state"] in (PLANNED, STARTED, TIMED_OUT):
+        d.update(_live(e, frames))
+    return d
+
+
+def _stacks(frames: dict) -> list[dict]:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    me = threading.get_ident()
+    return [{"name": names.get(tid, "?"), "main": tid == main, "dumping": tid == me,
+             "stack": [{"file": s.filename, "line": s.lineno, "function": s.name,
+                        "code": s.line or ""} for s in traceback.extract_stack(frame)]}
+            for tid, frame in frames.items()]
+
+
+def _exception(e: BaseException | None) -> dict | None:
+    if e is None:
+        return None
+    return {"type": type(e).__name__, "text": _str(e),
+            "stack": [{"file": s.filename, "line": s.lineno, "function": s.name,
+                       "code": s.line or ""} for s in traceback.extract_tb(e.__traceback__)]}
+
+
+def _str(e) -> str:
+    try:
+        return str(e)
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ fails
+        return "<str() failed>"
+
+
+def record(reason: str, error: BaseException | None = None) -> dict:
+    """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
+    frames = sys._current_frames()
+    comms = []
+    for r in list(_recorders):
+        calls = list(r.calls)
+        comms.append({"id": r.comm_id, "how": r.how, "size": r.size, "rank": r.rank,
+                      "members": r.members,
+                      "calls": [_entry(e, frames.values()) for e in calls]})
+    return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
+            "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
+            "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames),
+            "exception": _exception(error)}
+
+
+_dump_lock = threading.Lock()
+
+
+def dump(reason: str = "on demand", where: str | None = None,
+         error: BaseException | None = None) -> str:
+    """Write this rank's record to ``<where or MPIDP_FLIGHT_DIR>/flight-rank-<r>.json``
+    (atomically: a temporary file, then a rename); return its path. Never waits for
+    another rank; a later dump replaces an earlier one."""
+    where = where or folder()
+    os.makedirs(where, exist_ok=True)
+    with _dump_lock:
+        data = record(reason, error)
+        path = os.path.join(where, f"flight-rank-{data['rank']}.json")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(tmp, path)
+    return path
+
+
+def ask_peers() -> None:
+    """SIGUSR1 to the ranks on this host that have no record in the folder yet
+    (known only under ``python -m mpidp``): they dump where they are, computing or not."""
+    if _peers is None:
+        return
+    host, me = socket.gethostname(), os.getpid()
+    where = folder()
+    for rank, (h, pid) in enumerate(_peers):
+        if h == host and pid != me and not os.path.exists(
+                os.path.join(where, f"flight-rank-{rank}.json")):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:  # it has ended
+                pass
+
+
+# ------------------------------------------------------------ SIGUSR1
+
+_installed = False
+ending = False  # set by watchdog.abort: a SIGUSR1 then changes nothing
+
+
+def install() -> bool:
+    """Dump on SIGUSR1 (from the main thread, once; True if installed). Left alone if the
+    program has its own SIGUSR1 handler or wakeup fd."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return _installed
+    if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        return False
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    try:
+        old = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+    except ValueError:
+        return False
+    if old != -1:  # someone's (asyncio's): theirs, not ours
+        signal.set_wakeup_fd(old)
+        return False
+    signal.signal(signal.SIGUSR1, lambda *_: None)  # the work is the thread's
+    _installed = True
+    threading.Thread(target=_listen, args=(ours, theirs), name="mpidp-flight",
+                     daemon=True).start()
+    return True
+
+
+def _listen(ours: socket.socket, theirs: socket.socket) -> None:
+    while True:
+        data = ours.recv(64)
+        if signal.SIGUSR1 in data and not ending:
+            try:
+                dump("SIGUSR1")
+            except Exception as e:  # noqa: BLE001 - the program goes on
+                sys.stderr.write(f"mpidp: flight dump failed: {e}\n")

@@ -1,0 +1,217 @@
+"""Hung jobs, dumped and diagnosed: each scenario runs under mpiexec and ``python -m
+mpidp`` with a short deadline (MPIDP_TIMEOUT), every rank writes its flight record
+(mpidp.flight), and ``python -m mpidp.doctor`` must name the rank(s), the collective's
+number, the call site (the line marked ``# <site>`` in the script) and the cause.
+
+The scenarios run as concurrent jobs, launched once for the module (each waits
+seconds for its deadline: serially they would add a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import MPIEXEC_FLAGS, OPEN_MPI
+
+PRELUDE = """\
+import os, sys, time
+import numpy as np
+from mpi4py import MPI
+import mpidp
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+x = np.ones(8)
+mpidp.allreduce(comm, MPI.IN_PLACE, x)  # collective #0: every rank alike
+"""
+
+# name -> (ranks, script after the prelude, extra mpiexec flags, expected cause kind,
+#          the rank(s) it names, the collective number it names or None)
+SCENARIOS = {
+    "skip": (4, """
+        mpidp.allreduce(comm, MPI.IN_PLACE, x) if rank != 2 else None  # <site>
+        mpidp.bcast(comm, x, root=0)
+    """, [], "different_collective", [2], 1),
+    "order": (3, """
+        if rank == 1:
+            mpidp.bcast(comm, x, root=0)
+            mpidp.allreduce(comm, MPI.IN_PLACE, x)
+        else:
+            mpidp.allreduce(comm, MPI.IN_PLACE, x)  # <site>
+            mpidp.bcast(comm, x, root=0)
+    """, [], "different_collective", [1], 1),
+    "count": (5, """
+        y = np.ones(7 if rank == 3 else 8)
+        mpidp.allreduce(comm, MPI.IN_PLACE, y)  # <site>
+    """, [], "arguments", [3], 1),
+    "killed": (4, """
+        y = np.ones(100000)
+        if rank == 1:
+            r = mpidp.iallreduce(comm, MPI.IN_PLACE, y, algorithm="ring")
+            r.test()
+            time.sleep(1)  # the others well into it: start-up's collectives have no deadline
+            os.kill(os.getpid(), 9)
+        mpidp.allreduce(comm, MPI.IN_PLACE, y, algorithm="ring")
+    """, ["-disable-auto-cleanup"], "killed", [1], 1),
+    "sleeper": (3, """
+        if rank == 2:
+            time.sleep(60)  # <site>
+        mpidp.allreduce(comm, MPI.IN_PLACE, x)
+    """, [], "computing", [2], 1),
+    "dups": (3, """
+        a, b = comm.Dup(), comm.Dup()
+        first, second = (b, a) if rank == 2 else (a, b)
+        # the ring: an algorithm that needs no placement (whose query has no deadline)
+        mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
+        mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
+    """, [], "cycle", [2], 0),
+    "recv": (6, """
+        if rank == 4:
+            comm.Recv(np.empty(1), source=0, tag=7)  # <site>
+        mpidp.allreduce(comm, MPI.IN_PLACE, x)
+    """, [], "p2p", [4], 1),
+    "ddp": (3, """
+        model = mpidp.MLP([4, 8, 8, 3], seed=0)
+        dp = mpidp.DataParallel(model, comm, bucket_mb=1e-4, first_bucket_mb=1e-4)
+        real = model.backward
+
+        def broken(dout, on_grad=None, **kw):  # one layer's gradients, then it raises
+            on_grad(len(model.params) // 2 - 1)
+            raise FloatingPointError("overflow in layer 2")
+
+        for step in range(3):
+            xb = np.random.default_rng(rank).normal(size=(5, 4)).astype(np.float32)
+            loss, dlogits = mpidp.softmax_cross_entropy(dp.forward(xb), np.zeros(5, int))
+            model.backward = broken if (rank, step) == (1, 1) else real
+            try:
+                dp.backward(dlogits)  # <site>
+            except FloatingPointError:
+                pass  # carries on to the next step, a bucket of this one still in flight
+    """, [], "exception", [1], None),
+}
+DEADLINE_S = "3"
+
+
+def script_of(name: str) -> str:
+    return PRELUDE + textwrap.dedent(SCENARIOS[name][1])
+
+
+def site_line(name: str) -> int:
+    return next(i for i, line in enumerate(script_of(name).splitlines(), 1) if "# <site>" in line)
+
+
+@pytest.fixture(scope="module")
+def diagnosed(tmp_path_factory):
+    """Every scenario launched at once; name -> (its folder, the doctor's JSON and text)."""
+    base = tmp_path_factory.mktemp("hangs")
+    out = {}
+    # the killed rank's job alone, after the others: run beside them it left no record
+    # at all in 3 of 5 tries here (why is not known: mpiexec's end taking them with it?)
+    batches = [[n for n in SCENARIOS if not SCENARIOS[n][2]],
+               [n for n in SCENARIOS if SCENARIOS[n][2] and not OPEN_MPI]]
+    for batch in batches:
+        out.update(_launch(base, batch))
+    return out
+
+
+def _launch(base, names: list[str]) -> dict:
+    mpiexec = shutil.which("mpiexec")
+    procs = {}
+    for name in names:
+        n, _, flags, *_ = SCENARIOS[name]
+        (base / f"{name}.py").write_text(script_of(name))
+        env = {**os.environ, "MPIDP_TIMEOUT": DEADLINE_S, "MPIDP_DEBUG": "0",
+               "MPIDP_COST": "default", "MPIDP_FLIGHT_DIR": str(base / name)}
+        procs[name] = subprocess.Popen(
+            [mpiexec, *MPIEXEC_FLAGS, *flags, "-n", str(n), sys.executable, "-m", "mpidp",
+             str(base / f"{name}.py")], env=env, cwd=base, start_new_session=True,
+            # stdin open, or output to pipes: Hydra's mpiexec ended a job at once when a
+            # rank was killed, -disable-auto-cleanup or not; so /dev/null and a file
+            stdin=subprocess.DEVNULL, stdout=open(base / f"{name}.out", "w"),
+            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    out = {}
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        err = (base / f"{name}.out").read_text()
+        folder = base / name
+        n, _, flags, _, ranks, _ = SCENARIOS[name]
+        if flags:  # Hydra's mpiexec returns once a rank is killed; the others dump later
+            while len(list(folder.glob("*.json"))) < n - len(ranks) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(0.5)  # the last one's rename
+        doctor = [sys.executable, "-m", "mpidp.doctor", str(folder)]
+        j = subprocess.run([*doctor, "--json"], capture_output=True, text=True, cwd=base)
+        t = subprocess.run(doctor, capture_output=True, text=True, cwd=base)
+        out[name] = (folder, proc.returncode, err, j, t)
+    return out
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_doctor_names_the_rank_the_call_and_the_cause(diagnosed, name):
+    if name not in diagnosed:
+        pytest.skip("-disable-auto-cleanup is MPICH Hydra's; not run under Open MPI")
+    folder, code, err, j, t = diagnosed[name]
+    n, _, _, kind, ranks, seq = SCENARIOS[name]
+    assert code != 0, err  # the deadline ended the job
+    assert j.returncode == 0 and t.returncode == 0, (j.stderr, t.stderr, err[-3000:])
+    d = json.loads(j.stdout)
+    cause = d["cause"]
+    assert (cause["kind"], cause["ranks"]) == (kind, ranks), (cause, t.stdout)
+    if seq is not None:
+        assert cause["seq"] == seq, cause
+    first = t.stdout.splitlines()[0]
+    assert first.startswith("cause: ") and ranks_named(first, ranks), t.stdout
+    if name == "ddp":  # the next step's Start of the bucket still in flight raised
+        assert "Start of a persistent collective that is still active" in first, first
+        # the buckets' persistent all-reduces: the others wait in one, started (its Start
+        # recorded on the entry made at DataParallel's construction)
+        assert {f["rank"] for f in d["in_flight"] if f["state"] == "started"} >= {0, 2}, \
+            d["in_flight"]
+    if name != "killed":  # a killed rank has no call site; the others name it
+        assert f"{name}.py:{site_line(name)}" in first, (first, site_line(name))
+        assert sorted(d["records"]) == list(range(n)), d["records"]
+    else:
+        assert d["missing"] == [1] and "wait for it in allreduce #1" in first, first
+
+
+def ranks_named(line: str, ranks: list[int]) -> bool:
+    m = re.match(r"cause: (?:ranks?) ([\d, ]+)", line)
+    return m is not None and [int(r) for r in m.group(1).split(",")] == ranks
+
+
+def test_the_skipped_call_names_the_ranks_that_wait_for_it(diagnosed, tmp_path, capsys):
+    from mpidp.doctor.__main__ import main
+
+    assert main([str(diagnosed["skip"][0]), "--plot", str(tmp_path / "g.png")]) == 0
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    first = diagnosed["skip"][4].stdout.splitlines()[0]
+    assert f"ranks 0, 1, 3 called allreduce at skip.py:{site_line('skip')} and wait in it" \
+        in first, first
+    assert "waits-for: " in diagnosed["skip"][4].stdout
+
+
+def test_unreadable_input_is_exit_2(tmp_path, capsys):
+    from mpidp.doctor.__main__ import main
+
+    assert main([str(tmp_path / "none")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2
+    assert "no flight record" in capsys.readouterr().err
+    (tmp_path / "flight-rank-0.json").write_text("{not json")
+    assert main([str(tmp_path)]) == 2
+    assert "not a flight record" in capsys.readouterr().err

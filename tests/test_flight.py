@@ -1,0 +1,95 @@
+"""The flight recorder: what each communicator keeps of its collectives, the ids that line
+ranks up, and the dumps (on demand, on SIGUSR1), checked in the ranks of one job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidp
+from mpidp import flight
+from mpidp.collectives.state import state
+
+
+def calls_of(comm) -> list[dict]:
+    rec = state(comm).flight
+    return [flight._entry(e, []) for e in rec.calls]
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=60)
+def test_each_call_is_recorded_with_its_signature_site_and_state(shared_dir):
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.ones(5)
+    mpidp.allreduce(comm, MPI.IN_PLACE, x, algorithm="ring"); line = sys._getframe().f_lineno  # noqa: E702
+    r = mpidp.ibcast(comm, x, root=0, algorithm="binomial")
+    with pytest.raises(ValueError):
+        mpidp.bcast(comm, x, root=comm.Get_size())  # a bad root: planned, then failed
+    r.wait()
+    calls = calls_of(comm)
+    assert [(c["seq"], c["collective"] if "collective" in c else None, c["state"])
+            for c in calls] == [(0, "allreduce", "complete"), (1, "bcast", "complete"),
+                                (2, None, "failed")]
+    assert calls[0]["site"] == f"{__file__}:{line}"  # the first frame outside mpidp
+    assert (calls[0]["count"], calls[0]["dtype"], calls[0]["op"], calls[0]["algorithm"]) == \
+        (5, "float64", "sum", "ring")
+    assert calls[1]["root"] == 0 and "root" in calls[2]["error"]
+    # a duplicate's id is its parent's and its place among the parent's duplicates
+    ids = comm.allgather(state(comm).flight.comm_id)
+    assert len(set(ids)) == 1 and ids[0].startswith("world.")
+    path = flight.dump("test", shared_dir)
+    with open(path) as f:
+        rec = json.load(f)
+    assert rec["rank"] == MPI.COMM_WORLD.Get_rank() and rec["reason"] == "test"
+    assert any(t["main"] and any(s["file"] == __file__ for s in t["stack"])
+               for t in rec["threads"])
+    mine = f"flight-rank-{rec['rank']}.json"
+    assert not [p for p in os.listdir(shared_dir) if p.startswith(mine + ".")]  # renamed
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_the_record_keeps_the_last_k_and_a_request_in_flight_shows_its_round(no_debug_check):
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.ones(3)
+    for _ in range(flight.DEFAULT_K + 5):
+        mpidp.allreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
+    calls = calls_of(comm)
+    assert len(calls) == flight.DEFAULT_K and calls[-1]["seq"] == flight.DEFAULT_K + 4
+    if comm.Get_rank() == 1:  # rank 0 has not started it yet: rank 1's round waits
+        r = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
+        live = calls_of(comm)[-1]
+        live.update(flight._live(state(comm).flight.calls[-1], []))
+        assert live["state"] == "started" and live["round"] == 1, live
+        assert {"peer": 0, "kind": "recv", "known": True} in live["pending"], live
+        comm.Barrier()
+    else:
+        comm.Barrier()
+        r = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
+    r.wait()
+    comm.Free()
+
+
+@pytest.mark.mpi(ranks=[1], timeout=60)
+def test_sigusr1_dumps_while_the_program_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
+    assert flight.install() or flight._installed
+    os.kill(os.getpid(), signal.SIGUSR1)
+    path = tmp_path / "flight-rank-0.json"
+    end = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert json.loads(path.read_text())["reason"] == "SIGUSR1"
+
+
+def test_mpidp_flight_0_records_nothing(monkeypatch):
+    monkeypatch.setenv("MPIDP_FLIGHT", "0")
+    assert flight.recorder(MPI.COMM_SELF) is None
+    monkeypatch.setenv("MPIDP_FLIGHT", "7")
+    assert flight.recorder(MPI.COMM_SELF).calls.maxlen == 7
