@@ -39,6 +39,7 @@ from ..trace import Tracer
 from ..training import GPT, AdamW, DataParallel, data
 from ..training.gpt import token_cross_entropy
 from ..training.memory import formula_bytes, model_state_bytes
+from .output import replace_marked
 from .overlap import blas_threads
 
 MODES = ("compute", "serial", "overlap")
@@ -236,11 +237,8 @@ def report(args) -> int:
     if not args.doc:
         print(text)
         return 0
-    with open(args.doc) as f:
-        doc = f.read()
-    start, end = doc.index(MARK[0]) + len(MARK[0]), doc.index(MARK[1])
-    with open(args.doc, "w") as f:
-        f.write(doc[:start] + "\n" + text + "\n" + doc[end:])
+    if not replace_marked(args.doc, *MARK, [text]):
+        raise SystemExit(f"{args.doc} has no {MARK[0]} ... {MARK[1]} to write the tables between")
     return 0
 
 

@@ -185,3 +185,16 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=72)
     plt.close(fig)
+
+
+def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
+    """Put `lines` between the markers `begin` and `end` of the file at `path`."""
+    with open(path) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        return False
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + "\n".join([begin, *lines, end]) + tail)
+    return True

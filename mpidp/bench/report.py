@@ -23,7 +23,7 @@ import os
 import re
 
 from . import runs as merged_runs
-from .output import COLLECTIVES, TITLES, human, placement, plot, write_json
+from .output import COLLECTIVES, TITLES, human, placement, plot, replace_marked, write_json
 from .runs import ratio_range
 from .targets import before, best_mpidp, evaluate, judged, status
 
@@ -340,19 +340,6 @@ def load_runs(data_dir: str) -> list[dict]:
 
 README_BEGIN, README_END = "<!-- bench-headline -->", "<!-- /bench-headline -->"
 OVERLAP_BEGIN, OVERLAP_END = "<!-- overlap-tables -->", "<!-- /overlap-tables -->"
-
-
-def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
-    """Put `lines` between the markers `begin` and `end` of the file at `path`."""
-    with open(path) as f:
-        text = f.read()
-    if begin not in text or end not in text:
-        return False
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w") as f:
-        f.write(head + "\n".join([begin, *lines, end]) + tail)
-    return True
 
 
 def update_readme(path: str, runs: list[dict]) -> bool:

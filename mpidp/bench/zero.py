@@ -35,6 +35,7 @@ from mpi4py import MPI
 from .. import collectives as mp
 from ..training import MLP, SGD, Adam, DataParallel, softmax_cross_entropy
 from ..training.memory import StepPeak, formula_bytes, model_state_bytes
+from .output import replace_marked
 from .overlap import blas_threads
 
 DEMO = [64, 128, 64, 10]
@@ -177,10 +178,8 @@ def report(args) -> int:
     if not args.doc:
         print(text)
         return 0
-    doc = open(args.doc).read()
-    start, end = doc.index(MARK[0]) + len(MARK[0]), doc.index(MARK[1])
-    with open(args.doc, "w") as f:
-        f.write(doc[:start] + "\n" + text + "\n" + doc[end:])
+    if not replace_marked(args.doc, *MARK, [text]):
+        raise SystemExit(f"{args.doc} has no {MARK[0]} ... {MARK[1]} to write the tables between")
     return 0
 
 
