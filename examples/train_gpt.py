@@ -36,7 +36,6 @@ import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import GPT, ShardSampler, data, trainer
-from mpidp.training.checkpoint import CheckpointError
 from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import model_state_bytes
 
@@ -96,14 +95,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     model = GPT(len(text.vocab), T, args.layers, args.heads, args.width, args.dtype,
                 seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
-    start_epoch, start_step = 0, 0
-    if args.resume and problem is None:  # every rank reads the same file
-        try:
-            start_epoch, start_step = trainer.resume(args.checkpoint, model, opt,
-                                                     trainer.run_state(args))
-        except CheckpointError as e:
-            problem = str(e)
-    cli.agree(comm, problem, PROG)  # nothing has been trained or written yet
+    start_epoch, start_step = trainer.start_from(args, comm, model, opt, problem, PROG)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step
         start_epoch, start_step = start_epoch + 1, 0
     if start_epoch >= args.epochs or (args.max_steps and opt.steps >= args.max_steps):
@@ -212,13 +204,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         out = model.generate(np.array([ids]), args.sample_tokens,
                              np.random.default_rng(args.seed), temperature=0.8)
         print("sample:\n" + text.decode(out[0]), flush=True)
-    if tracer is not None:
-        tracer.write(args.trace, comm)
-        dog.kick()
-    ddp.close()
-    if tracer is not None and rank == 0:
-        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw it: "
-              f"python -m mpidp.trace plot {args.trace} -o timeline.png)")
+    trainer.finish(args, ddp, tracer, comm, dog, rank)
     return 0
 
 

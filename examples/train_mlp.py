@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -38,7 +37,6 @@ import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, ShardSampler, data, trainer
-from mpidp.training.checkpoint import CheckpointError
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
 
@@ -77,14 +75,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     sizes = [ds.features, *args.hidden, ds.classes]
     model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
-    start_epoch, start_step = 0, 0
-    if args.resume and problem is None:  # every rank reads the same file
-        try:
-            start_epoch, start_step = trainer.resume(args.checkpoint, model, opt,
-                                                     trainer.run_state(args))
-        except CheckpointError as e:
-            problem = str(e)
-    cli.agree(comm, problem, PROG)  # nothing has been trained or written yet
+    start_epoch, start_step = trainer.start_from(args, comm, model, opt, problem, PROG)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step, before
         start_epoch, start_step = start_epoch + 1, 0  # its row: no step of it is left
     if start_epoch >= args.epochs:  # every rank read the same checkpoint: all return here
@@ -191,15 +182,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         dog.kick()  # the epoch's evaluation, all-reduce and checkpoint are done
     if metrics is not None:
         metrics.close()
-    if tracer is not None:
-        tracer.write(args.trace, comm)
-        dog.kick()
-    ddp.close()
-    if tracer is not None and rank == 0:  # the last line: where the timeline is
-        python = os.path.relpath(sys.executable)  # this python: the one with mpidp installed
-        python = sys.executable if python.startswith("..") else python
-        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw one step: "
-              f"{python} -m mpidp.trace plot {args.trace} -o timeline.png)")
+    trainer.finish(args, ddp, tracer, comm, dog, rank)
     return 0
 
 

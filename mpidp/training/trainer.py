@@ -22,6 +22,7 @@ data and what they measure; the rest is here, once:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -162,11 +163,43 @@ def resume(path: str, model, opt, state: dict) -> tuple[int, int]:
     return saved["epoch"], saved["step"]
 
 
+def start_from(args: argparse.Namespace, comm, model, opt, problem: str | None,
+               prog: str) -> tuple[int, int]:
+    """The epoch and step training starts at: (0, 0), or with --resume the checkpoint's.
+
+    A collective: `problem` (rank 0's check of its outputs, a bad --global-batch) or a
+    checkpoint that cannot be resumed ends every rank with exit code 2 (`cli.agree`)
+    before anything is trained or written.
+    """
+    start_epoch, start_step = 0, 0
+    if args.resume and problem is None:  # every rank reads the same file
+        try:
+            start_epoch, start_step = resume(args.checkpoint, model, opt, run_state(args))
+        except CheckpointError as e:
+            problem = str(e)
+    cli.agree(comm, problem, prog)
+    return start_epoch, start_step
+
+
 def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
     """`DataParallel` (or its ZeRO subclass) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                         args.algorithm, args.progress_thread, args.debug, tracer,
                         zero=args.zero, optimizer=opt, deterministic=args.deterministic)
+
+
+def finish(args: argparse.Namespace, ddp: DataParallel, tracer, comm, dog, rank: int) -> None:
+    """The end of a run (collective): gather and write the trace, close `ddp`, and say, as
+    rank 0's last line, where the timeline is and how to draw it with this python."""
+    if tracer is not None:
+        tracer.write(args.trace, comm)
+        dog.kick()
+    ddp.close()
+    if tracer is not None and rank == 0:
+        python = os.path.relpath(sys.executable)  # this python: the one with mpidp installed
+        python = sys.executable if python.startswith("..") else python
+        print(f"trace: {args.trace} (open it in https://ui.perfetto.dev, or draw one step: "
+              f"{python} -m mpidp.trace plot {args.trace} -o timeline.png)")
 
 
 class Saver:
