@@ -98,7 +98,7 @@ def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
 def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
     """The tests above to a tolerance, here bitwise: micro-shards of M = 2 samples on N
-    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_deterministic.py
+    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_determinism.py
     crosses more settings)."""
     m, local = 2, GLOBAL_BATCH // mpi_ranks
     with threadpool_limits(1, user_api="blas"):

@@ -12,8 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-from oracle import (
+from helpers.oracle import (
     assert_same,
     counts_for,
     make_input,
@@ -21,6 +20,7 @@ from oracle import (
     native_allreduce,
     native_reduce_scatter,
 )
+from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives import checks, state
