@@ -1,22 +1,23 @@
 """The direct all-reduce (every rank sends its whole vector to every other, in one round):
 checked against MPI, and its bytes.
 
-Runs for N = 1..8 and loops over ops × dtypes × counts inside one launch (the sweeps are
+Runs for N = 1..8, all in one launch of 8 ranks (a communicator of each size:
+tests/helpers/subcomms.py), and loops over ops × dtypes × counts (the sweeps are
 tests/helpers/sweeps.py's).
 """
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from helpers.sweeps import (
     check_allreduce_matches_mpi_bit_for_bit,
     check_allreduce_random_floats_agree_across_ranks,
     debug_check_off,
 )
-from mpi4py import MPI
 
 from mpidp.collectives import CountingComm, api
 
-RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
+SIZES = range(1, 9)
 
 
 def check_volume_matches_the_docstring(comm):
@@ -34,9 +35,13 @@ def check_volume_matches_the_docstring(comm):
     assert handle.rounds == (1 if n > 1 else 0)
 
 
-@pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_direct_allreduce_matches_mpi(mpi_ranks):
-    check_allreduce_matches_mpi_bit_for_bit(MPI.COMM_WORLD, ("direct",))
-    check_allreduce_random_floats_agree_across_ranks(MPI.COMM_WORLD, ("direct",))
+def check_direct(comm):
+    check_allreduce_matches_mpi_bit_for_bit(comm, ("direct",))
+    check_allreduce_random_floats_agree_across_ranks(comm, ("direct",))
     with debug_check_off():
-        check_volume_matches_the_docstring(MPI.COMM_WORLD)
+        check_volume_matches_the_docstring(comm)
+
+
+@pytest.mark.mpi(ranks=[8], timeout=600)
+def test_direct_allreduce_matches_mpi(mpi_ranks):
+    on_each_size(SIZES, check_direct)

@@ -1,13 +1,14 @@
 """The binomial trees (naive all-reduce = reduce + broadcast, the binomial broadcast) and the
 scatter + all-gather broadcast: checked against MPI, and their bytes sent per rank.
 
-Every multi-rank test runs for N = 1..8 and loops over ops × dtypes × counts inside
-one launch (the all-reduce sweeps are tests/helpers/sweeps.py's); the broadcasts run
-from every root.
+The test runs for N = 1..8, all in one launch of 8 ranks (a communicator of each size:
+tests/helpers/subcomms.py), and loops over ops × dtypes × counts (the all-reduce sweeps
+are tests/helpers/sweeps.py's); the broadcasts run from every root.
 """
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from helpers.sweeps import (
     LARGE,
     check_allreduce_matches_mpi_bit_for_bit,
@@ -16,11 +17,10 @@ from helpers.sweeps import (
     debug_check_off,
     traffic,
 )
-from mpi4py import MPI
 
 from mpidp.collectives import api
 
-RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
+SIZES = range(1, 9)
 
 
 def check_bcast_from_every_root(comm):
@@ -58,10 +58,14 @@ def check_volume_matches_the_docstrings(comm):
         assert sent == G * (n - 1) // n + (n - 1) * b
 
 
-@pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_naive_allreduce_and_the_broadcasts_match_mpi(mpi_ranks):
-    check_allreduce_matches_mpi_bit_for_bit(MPI.COMM_WORLD, ("naive",))
-    check_allreduce_random_floats_agree_across_ranks(MPI.COMM_WORLD, ("naive",))
-    check_bcast_from_every_root(MPI.COMM_WORLD)
+def check_naive_and_the_broadcasts(comm):
+    check_allreduce_matches_mpi_bit_for_bit(comm, ("naive",))
+    check_allreduce_random_floats_agree_across_ranks(comm, ("naive",))
+    check_bcast_from_every_root(comm)
     with debug_check_off():
-        check_volume_matches_the_docstrings(MPI.COMM_WORLD)
+        check_volume_matches_the_docstrings(comm)
+
+
+@pytest.mark.mpi(ranks=[8], timeout=600)
+def test_naive_allreduce_and_the_broadcasts_match_mpi(mpi_ranks):
+    on_each_size(SIZES, check_naive_and_the_broadcasts)
