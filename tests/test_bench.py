@@ -389,7 +389,7 @@ def test_overlap_benchmark_writes_every_output(mpi_ranks, shared_dir):
 def test_the_collectives_plot_has_a_key_per_panel_one_colour_per_series_off_the_data(
         tmp_path, monkeypatch):
     """From the committed 4-rank data (12 series in the all-reduce panels, gloo included)."""
-    from plots import drawn, problems
+    from helpers.plots import drawn, problems
 
     from mpidp.bench import report
 
@@ -403,7 +403,7 @@ def test_the_collectives_plot_has_a_key_per_panel_one_colour_per_series_off_the_
 
 def test_the_overlap_plot_has_a_key_per_panel_one_colour_per_mode_off_the_data(
         tmp_path, monkeypatch):
-    from plots import drawn, problems
+    from helpers.plots import drawn, problems
 
     from mpidp.bench import overlap
 

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -73,9 +74,13 @@ def assert_close(params, expected, what):
         np.testing.assert_allclose(params[name], expected[name], **TOL, err_msg=f"{what} {name}")
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=300)
 def test_equals_one_rank_for_every_algorithm_with_and_without_overlap(mpi_ranks):
-    comm = MPI.COMM_WORLD
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 5), equals_one_rank_for_every_algorithm_with_and_without_overlap)
+
+
+def equals_one_rank_for_every_algorithm_with_and_without_overlap(comm):
     expected = reference()
     for algorithm in mpidp.ALGORITHMS["allreduce"]:
         for overlap in (True, False):
@@ -84,11 +89,15 @@ def test_equals_one_rank_for_every_algorithm_with_and_without_overlap(mpi_ranks)
                 assert_close(params, expected, f"{algorithm} overlap={overlap} mb={bucket_mb}")
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=300)
 def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
-    comm = MPI.COMM_WORLD
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 5), gradient_accumulation_equals_one_batch_of_a_times_b)
+
+
+def gradient_accumulation_equals_one_batch_of_a_times_b(comm):
     expected = reference()
-    accums = [a for a in (2, 3, 4) if GLOBAL_BATCH % (mpi_ranks * a) == 0]
+    accums = [a for a in (2, 3, 4) if GLOBAL_BATCH % (comm.Get_size() * a) == 0]
     for accum in accums:
         for overlap in (True, False):
             params = train(comm, accum=accum, overlap=overlap, bucket_mb=0)
@@ -98,7 +107,7 @@ def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
 def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
     """The tests above to a tolerance, here bitwise: micro-shards of M = 2 samples on N
-    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_deterministic.py
+    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_determinism.py
     crosses more settings)."""
     m, local = 2, GLOBAL_BATCH // mpi_ranks
     with threadpool_limits(1, user_api="blas"):
