@@ -48,6 +48,7 @@ deterministic mode, exactly).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from contextlib import contextmanager
@@ -55,8 +56,10 @@ from contextlib import contextmanager
 from mpi4py import MPI
 
 from .. import collectives as mp
+from ..collectives import placement
 from .buckets import Bucket, make_buckets, units
 from .determinism import check_reproducible
+from .pieces import PieceSet, plan_pieces
 from .reducers import STAGES, AllReduce, ReduceScatter
 from .replicas import check_replicas, replicate
 from .zero import halves
@@ -94,7 +97,26 @@ class DataParallel:
         algorithm: an all-reduce name from ``mpidp.ALGORITHMS["allreduce"]``; with ZeRO
             ``"auto"``, ``"ring"``, ``"rabenseifner"`` or ``{"reduce_scatter": name,
             "allgather": name}`` (`zero.halves`).
-        progress_thread: also advance the reductions from a background thread.
+        progress_thread: also advance the reductions from a background thread:
+            ``"wait"`` (or True) blocks inside MPI (GIL released) on the current round
+            of the oldest bucket in flight, posts its next round, and moves on;
+            ``"poll"`` is the earlier design, testing every bucket each
+            ``progress_interval_s`` and sleeping between; False: no thread (the
+            reductions advance at the hooks alone). ``"auto"`` (default): ``"wait"``
+            where the comm spans hosts (and MPI_THREAD_MULTIPLE is there), else
+            False. See docs/overlap.md for what each costs and buys.
+        progress_interval_s: the ``"poll"`` thread's sleep between tests.
+        piece_mb: cut each layer's gradient into pieces of about this many MiB, each
+            reduced as soon as backward has written it (``"auto"``: where the comm
+            spans hosts, sized from the cost model, `pieces.piece_bytes`, and whole
+            buckets on one host; None, the default: whole buckets; cutting the
+            products costs backward more than it hides here, docs/overlap.md). Only
+            for stage 0,
+            not deterministic, with a model whose backward takes ``blocks`` (the MLP);
+            elsewhere whole buckets. The cut layers' backward also gives the
+            reductions a progress call between blocks.
+        pieces: with `piece_mb`, False keeps the blocks' progress calls but reduces
+            whole buckets (what the benchmark compares).
         debug: check after the broadcast that every rank holds the same parameters.
         tracer: a `mpidp.trace.Tracer` that records layers and buckets.
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
@@ -112,10 +134,11 @@ class DataParallel:
     """
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 overlap: bool = True, algorithm="auto", progress_thread: bool = False,
+                 overlap: bool = True, algorithm="auto", progress_thread: bool | str = "auto",
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
                  timeout: float | None = None, *, optimizer=None, zero: int = 0,
-                 prefetch: bool = False, deterministic: bool = False):
+                 prefetch: bool = False, deterministic: bool = False,
+                 piece_mb: float | str | None = None, pieces: bool = True):
         if zero not in STAGES:
             raise ValueError(f"zero must be one of {', '.join(map(str, STAGES))}, not {zero!r}")
         if zero:
@@ -126,6 +149,11 @@ class DataParallel:
                 raise TypeError("prefetch is ZeRO's (the parameters' all-gather): zero >= 1")
         if deterministic:
             check_reproducible(model.xp)
+        if progress_thread not in (False, True, "auto", "wait", "poll"):
+            raise ValueError(f"progress_thread must be 'auto', False, True, 'wait' or 'poll', "
+                             f"not {progress_thread!r}")
+        if piece_mb is not None and piece_mb != "auto" and not float(piece_mb) > 0:
+            raise ValueError(f"piece_mb must be > 0, 'auto' or None, not {piece_mb!r}")
         for name, p in model.params.items():  # before any message: plain floats only
             mp.check_buffer(p, f"parameter {name!r}", writable=True)
             mp.AVG.check(p.dtype)
@@ -145,6 +173,26 @@ class DataParallel:
                                zero=zero, prefetch=prefetch, deterministic=deterministic,
                                timeout=timeout)
         self.optimizer = self.reducer.optimizer
+        # where a link carries the bytes (the comm spans hosts) the blocking thread is
+        # the default; on one host it only adds work on the same cores (docs/overlap.md)
+        across = self.comm.Get_size() > 1 and isinstance(self.comm, MPI.Intracomm) and \
+            placement.spans_hosts(placement.placement(self.comm))
+        if progress_thread == "auto":
+            progress_thread = "wait" if (across and overlap and
+                                         MPI.Query_thread() == MPI.THREAD_MULTIPLE) else False
+        if piece_mb == "auto" and not (across and overlap):
+            piece_mb = None
+        self.across, self.progress = across, progress_thread or None
+        self.blocks, self._pieces = None, {}  # layer -> W's row stops; bucket -> its pieces
+        if (piece_mb is not None and not zero and not deterministic
+                and "blocks" in inspect.signature(model.backward).parameters):
+            self.blocks, self._pieces = plan_pieces(model, self.comm, self.buckets, piece_mb,
+                                                    algorithm)
+            if not pieces:  # the blocks' progress calls alone, buckets reduced whole
+                for plans in self._pieces.values():
+                    for piece in plans:
+                        piece.plan.Free()
+                self._pieces = {}
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}
@@ -154,7 +202,8 @@ class DataParallel:
             if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
                 raise RuntimeError("progress_thread needs MPI_THREAD_MULTIPLE")
             self._interval, self._stop, self._work = progress_interval_s, False, threading.Event()
-            self._thread = threading.Thread(target=self._progress_loop, daemon=True)
+            loop = self._poll_loop if progress_thread == "poll" else self._wait_loop
+            self._thread = threading.Thread(target=loop, daemon=True)
             self._thread.start()
         if tracer is not None:
             tracer.follow(self)
@@ -217,8 +266,12 @@ class DataParallel:
         for b in self.buckets:
             b.pending, b.request, b.launched = len(b.layers), None, None
         self.reducer.before_backward()
-        self.model.backward(dlogits, on_grad=self.on_grad,
-                            accumulate=self._micro > 0 and not self.deterministic)
+        accumulate = self._micro > 0 and not self.deterministic
+        if self.blocks is not None:
+            self.model.backward(dlogits, on_grad=self.on_grad, accumulate=accumulate,
+                                blocks=self.blocks, on_rows=self.on_rows)
+        else:
+            self.model.backward(dlogits, on_grad=self.on_grad, accumulate=accumulate)
         t1 = time.perf_counter()
         if not sync:
             if self.deterministic:  # kept apart: added once, exactly, with the others'
@@ -232,8 +285,7 @@ class DataParallel:
         for b in self.buckets:  # overlap=False: every bucket starts here, in order
             if b.request is None:
                 self._launch(b)
-        mp.waitall([b.request for b in self.buckets],
-                   self.timeout if timeout is None else timeout)
+        mp.waitall(self._inflight(), self.timeout if timeout is None else timeout)
         for b in self.buckets:
             b.parts = []
         self._micro = 0
@@ -264,17 +316,44 @@ class DataParallel:
         mp.testall(self._inflight())
         self.reducer.after_grad(i)
 
+    def on_rows(self, i: int, stop: int | None) -> None:
+        """A block of unit i's backward is done (`MLP.backward`'s ``blocks``): start the
+        piece it completed, if any (stop: rows of W_i written), and progress."""
+        bucket = self._bucket_of[i]
+        if stop is not None and self._launching and bucket.index in self._pieces:
+            if bucket.request is None:
+                self._start_pieces(bucket)
+            bucket.request.written(i, stop)
+            if self._thread is not None:
+                self._work.set()
+        mp.testall(self._inflight())
+
     def _inflight(self) -> list:
-        return [b.request for b in self.buckets if b.request is not None] + \
-            self.reducer.inflight()
+        """The requests in flight, oldest first (each piece's on its own)."""
+        out = []
+        for b in self.buckets:
+            if b.request is not None:
+                out.extend(b.request.started() if b.index in self._pieces else [b.request])
+        return out + self.reducer.inflight()
 
     def _launch(self, b: Bucket) -> None:
-        b.launched = time.perf_counter()
-        b.request = self.reducer.start(b)
+        """Start bucket b's reduction (with pieces: every piece not started yet)."""
+        if b.index in self._pieces:
+            if b.request is None:
+                self._start_pieces(b)
+            b.request.start_rest()
+        else:
+            b.launched = time.perf_counter()
+            b.request = self.reducer.start(b)
         if self._thread is not None:
             self._work.set()
 
-    def _progress_loop(self) -> None:
+    def _start_pieces(self, b: Bucket) -> None:
+        """Bucket b's pieces, none started: backward (`on_rows`) or `_launch` starts them."""
+        b.request = PieceSet(self._pieces[b.index])
+
+    def _poll_loop(self) -> None:
+        """``progress_thread="poll"``: test everything, sleep, again."""
         while not self._stop:
             inflight = self._inflight()
             if inflight and not mp.testall(inflight):
@@ -283,22 +362,47 @@ class DataParallel:
                 self._work.wait(0.1)
                 self._work.clear()
 
+    def _wait_loop(self) -> None:
+        """``progress_thread="wait"``: block in MPI on the oldest request's current round
+        (the GIL released: backward's Python runs meanwhile), post its next, repeat."""
+        while not self._stop:
+            oldest = next((r for r in self._inflight() if not r.done), None)
+            if oldest is None:
+                self._work.wait(0.1)
+                self._work.clear()
+            elif not (oldest.wait_round() if hasattr(oldest, "wait_round") else oldest.Test()):
+                time.sleep(self._interval)  # the compute thread is advancing it: let it
+
     # ------------------------------------------------------------ reporting
 
     def bucket_times(self) -> list[dict]:
-        """Each bucket's launch and completion, seconds after the last backward began."""
-        return [{"bucket": b.index, "layers": b.layers, "bytes": self.reducer.nbytes(b),
-                 "launch": b.launched - self.t_backward,
-                 "complete": b.request.completed_at - self.t_backward}
-                for b in self.buckets if b.request is not None and b.request.done]
+        """Each bucket's launch and completion, seconds after the last backward began
+        (with pieces: its first piece's launch, its last one's completion, and
+        ``pieces``: each piece's launch and completion)."""
+        rows = []
+        for b in self.buckets:
+            if b.request is None or not b.request.done:
+                continue
+            launched = b.request.launched if b.index in self._pieces else b.launched
+            row = {"bucket": b.index, "layers": b.layers, "bytes": self.reducer.nbytes(b),
+                   "launch": launched - self.t_backward,
+                   "complete": b.request.completed_at - self.t_backward}
+            if b.index in self._pieces:
+                row["pieces"] = [(t0 - self.t_backward, t1 - self.t_backward)
+                                 for t0, t1 in b.request.times()]
+            rows.append(row)
+        return rows
 
     def close(self) -> None:
         """Stop the progress thread, if any, and free the buckets' communicator (collective)."""
         if self._thread is not None:
             self._stop = True
             self._work.set()
-            self._thread.join()
-            self._thread = None
+            self._thread.join(10.0)  # a "wait" thread blocked on a request that never
+            self._thread = None  # completes (a timed-out backward) stays, a daemon
+        for pieces in self._pieces.values():
+            for piece in pieces:
+                piece.plan.Free()
         self.reducer.close()
         if self._dup is not None:
             self._dup.Free()  # self.comm is now MPI.COMM_NULL: a later collective raises
