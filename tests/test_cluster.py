@@ -31,7 +31,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RATE_BPS = 1e9 / 8  # the links' rate in bytes/s ("1gbit")
 BIG = 1 << 20  # float64 items: an 8 MiB all-reduce for the traffic checks
 WATCHDOG_S = 5.0
-DEFAULT_ACROSS = "wait"  # DataParallel's progress thread across hosts (docs/overlap.md)
 
 
 
@@ -263,18 +262,19 @@ def test_collectives_across_hosts_match_native_and_cross_the_links(hosts, ppn):
 @needs_cluster
 @needs_hydra
 def test_data_parallel_across_hosts_equals_one_rank_with_its_defaults_and_every_design():
-    """3 hosts x 1 rank (a non-power of two, every exchange over a link): the defaults
-    resolve to the across-hosts design, and every design equals one rank on the global
-    batch."""
+    """3 hosts x 1 rank (a non-power of two, every exchange over a link): every progress
+    design equals one rank on the global batch; piece_mb="auto" sees the hosts."""
     with cluster.Cluster(3, rate="1gbit") as c:
         result = c.run(3, _rank_argv("ddp"), timeout=150, capture=True)
     _clean()
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     designs = json.loads(out.split("DESIGNS ", 1)[1].splitlines()[0])
-    assert designs["{}"] == [True, DEFAULT_ACROSS, False], designs
+    assert designs["{}"] == [False, None, False], designs  # the default: plain overlap
+    assert designs["{'bucket_mb': 0, 'piece_mb': 'auto', 'progress_thread': 'poll'}"][:2] \
+        == [True, "poll"], designs
     assert designs["{'bucket_mb': 0, 'piece_mb': 0.0005, 'progress_thread': 'wait'}"] == \
-        [True, "wait", True], designs
+        [False, "wait", True], designs
 
 
 def _wait_for(predicate, seconds: float) -> bool:

@@ -124,9 +124,8 @@ PIECE_MB = 100 / 2**20  # 100 B: W1 (20 x 16 float64) in 20 pieces of one row ea
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
 def test_pieces_and_the_blocking_thread_equal_one_rank(mpi_ranks):
-    """What the default turns on across hosts (pieces, the "wait" thread), forced on here
-    (on one host the default leaves them off), with and without each other, and with
-    several layers per bucket: the 1-rank result on the global batch."""
+    """The progress designs (pieces, the "wait" thread), with and without each other,
+    and with several layers per bucket: the 1-rank result on the global batch."""
     comm = MPI.COMM_WORLD
     expected = reference()
     with DataParallel(MLP(SIZES, dtype="float64"), comm, bucket_mb=0,
@@ -149,13 +148,15 @@ def test_pieces_and_the_blocking_thread_equal_one_rank(mpi_ranks):
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)
-def test_on_one_host_the_default_is_plain_overlap(mpi_ranks):
-    """Pieces and the thread pay where a link carries the bytes; on one host (these
-    ranks) the default keeps neither (docs/overlap.md), and deterministic mode or ZeRO
-    never cut a layer."""
+def test_the_default_is_plain_overlap_and_auto_pieces_only_across_hosts(mpi_ranks):
+    """No design measured hid more than it cost (docs/overlap.md): the default is no
+    thread, whole buckets; piece_mb="auto" cuts layers only where the comm spans hosts
+    (not these ranks), and deterministic mode never cuts a layer."""
     comm = MPI.COMM_WORLD
     with DataParallel(MLP(SIZES, dtype="float64"), comm) as ddp:
         assert (ddp.across, ddp.progress, ddp.blocks, ddp._thread) == (False, None, None, None)
+    with DataParallel(MLP(SIZES, dtype="float64"), comm, piece_mb="auto") as ddp:
+        assert (ddp.across, ddp.blocks, ddp._pieces) == (False, None, {})
     with threadpool_limits(1, user_api="blas"), DataParallel(
             MLP(SIZES, dtype="float64"), comm, piece_mb=PIECE_MB, deterministic=True) as ddp:
         assert ddp.blocks is None and ddp._pieces == {}

@@ -140,6 +140,9 @@ class Mode:
     def close(self) -> dict:
         if self.ddp is not None:
             self.out["layout"] = [(b.layers, int(b.flat.nbytes)) for b in self.ddp.buckets]
+            self.out["design"] = {"progress_thread": self.ddp.progress,  # as resolved
+                                  "pieces": sum(map(len, self.ddp._pieces.values())),
+                                  "blocks": self.ddp.blocks is not None}
             self.ddp.close()
         return self.out
 
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         entry = {"step_ms": 1e3 * float(np.median(slowest)),
                  "backward_ms": 1e3 * float(np.median(r["backward"])),
                  "exposed_comm_ms": 1e3 * float(np.median(r["exposed"]))}
+        if "design" in r:
+            entry["design"] = r["design"]
         if r["buckets"]:
             entry["buckets"] = [
                 {"bucket": k, "layers": layers, "mb": nbytes / 2**20,
@@ -253,7 +258,7 @@ def plot(s: dict, path: str) -> None:
     for i, mode in enumerate(bucketed):
         e = s["modes"][mode]
         for b in e["buckets"]:
-            y = b["bucket"] + 0.25 * i
+            y = b["bucket"] + 0.8 * i / len(bucketed)  # each mode its lane in the bucket's band
             right.plot([b["launch_ms"], b["complete_ms"]], [y, y], lw=4, color=color[mode],
                        label=mode if b["bucket"] == 0 else None)
         right.axvline(e["backward_ms"], color=color[mode], ls=":", lw=1)

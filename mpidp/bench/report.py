@@ -22,8 +22,6 @@ import json
 import os
 import re
 
-import numpy as np
-
 from . import runs as merged_runs
 from .output import COLLECTIVES, TITLES, human, placement, plot, replace_marked, write_json
 from .runs import ratio_range
@@ -385,69 +383,6 @@ def _efficiency(s: dict, mode: str) -> float | None:
     return m[mode].get("efficiency", efficiency(m["serial"], m["compute"], m[mode]))
 
 
-OVERLAP_HOSTS_BEGIN, OVERLAP_HOSTS_END = "<!-- overlap-hosts -->", "<!-- /overlap-hosts -->"
-
-
-def _load_before(json_path: str) -> str:
-    """The 1-minute load average `uptime` printed before the run (its .txt's first line)."""
-    try:
-        with open(json_path[:-len(".json")] + ".txt") as f:
-            found = re.search(r"load average: ([\d.]+)", f.readline())
-    except OSError:
-        return "?"
-    return found.group(1) if found else "?"
-
-
-def overlap_hosts_tables(paths: list[str]) -> list[str]:
-    """Per link and local batch (`bench overlap --json` runs across emulated hosts, named
-    ...-<rate>-b<batch>-r<k>.json): every run with its load average and each mode's
-    efficiency; then per mode the median and the lowest over the runs, and the bucket
-    timeline's medians (buckets but the last complete before backward ends; the last
-    one's completion after backward's end, ms)."""
-    groups: dict = {}
-    for path in sorted(paths):
-        with open(path) as f:
-            s = json.load(f)
-        found = re.search(r"-([\w.]+)-b(\d+)-(r\d+|async)\.json$", os.path.basename(path))
-        key = (found.group(1), int(found.group(2)), s.get("async_progress", "0") != "0")
-        groups.setdefault(key, []).append((found.group(3), path, s))
-    lines = []
-    for (rate, batch, asynchronous), runs in sorted(groups.items()):
-        modes = [m for m in runs[0][2]["modes"] if m not in ("compute", "serial")]
-        lines += [f"**{runs[0][2]['ranks']} hosts x 1 rank, {rate}, local batch {batch}"
-                  f"{', MPIR_CVAR_ASYNC_PROGRESS=1' if asynchronous else ''}**: efficiency "
-                  "per run (hidden / hideable, medians of the run's steps):", "",
-                  "| run | load before, after | compute ms (backward) | serial ms (exposed) | "
-                  + " | ".join(modes) + " |", "|---|---|---|---|" + "---:|" * len(modes)]
-        effs = {m: [] for m in modes}
-        for name, path, s in runs:
-            m = s["modes"]
-            for mode in modes:
-                effs[mode].append(_efficiency(s, mode))
-            after = s.get("load_average", ["?"])[0]
-            after = f"{after:.1f}" if isinstance(after, float) else after
-            lines.append(f"| [{name}]({os.path.basename(path)}) | {_load_before(path)}, {after} "
-                         f"| {m['compute']['step_ms']:.0f} ({m['compute']['backward_ms']:.0f}) "
-                         f"| {m['serial']['step_ms']:.0f} ({m['serial']['exposed_comm_ms']:.0f}) "
-                         "| " + " | ".join(f"{effs[mode][-1]:+.2f}" for mode in modes) + " |")
-        lines.append("| median (lowest) | | | | " + " | ".join(
-            f"{float(np.median(v)):+.2f} ({min(v):+.2f})" for v in effs.values()) + " |")
-        lines += ["", "| mode | backward ms | buckets done before backward ends | last bucket "
-                  "done after backward, ms |", "|---|---:|---:|---:|"]
-        for mode in modes:
-            backward, early, tail = [], [], []
-            for _, _, s in runs:
-                e = s["modes"][mode]
-                backward.append(e["backward_ms"])
-                done = [b["complete_ms"] <= e["backward_ms"] for b in e["buckets"][:-1]]
-                early.append(f"{sum(done)}/{len(done)}")
-                tail.append(e["buckets"][-1]["complete_ms"] - e["backward_ms"])
-            lines.append(f"| {mode} | {float(np.median(backward)):.0f} | {', '.join(early)} | "
-                         f"{float(np.median(tail)):.1f} |")
-        lines.append("")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -499,10 +434,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(images)} plot(s) in {args.img}")
     if args.readme and update_readme(args.readme, runs):
         print(f"updated the headline in {args.readme}")
-    hosts = glob.glob(os.path.join(args.data, "overlap-hosts", "h*.json"))
-    if args.overlap_doc and hosts and replace_marked(
-            args.overlap_doc, OVERLAP_HOSTS_BEGIN, OVERLAP_HOSTS_END, overlap_hosts_tables(hosts)):
-        print(f"updated the across-hosts tables in {args.overlap_doc}")
     overlap = sorted(glob.glob(os.path.join(args.data, "overlap-n*.json")), key=ranks_of)
     if args.overlap_doc and overlap and replace_marked(args.overlap_doc, OVERLAP_BEGIN,
                                                        OVERLAP_END, overlap_tables(overlap)):

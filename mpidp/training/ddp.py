@@ -12,7 +12,9 @@ backward, the model protocol there: the MLP's layers, the GPT's blocks), last fi
 so the first all-reduce starts early). The model calls ``on_grad(i)`` after layer i;
 when a bucket's last layer is done its all-reduce (average; persistent, planned once at
 construction, `mpidp.allreduce_init`) starts, and the ones in flight are advanced with
-``test()`` (a schedule moves on only when called into, or by a progress thread). For a
+``test()`` (a schedule moves on only when called into, or by a progress thread; with
+``piece_mb`` a layer's gradient goes in pieces, each as backward writes it, `pieces.py`;
+docs/overlap.md measures each design). For a
 4-layer MLP with one layer per bucket (overlap=True):
 
     compute | fwd 1..4 | bwd 4 | bwd 3 | bwd 2 | bwd 1 |wait| sgd |
@@ -102,10 +104,10 @@ class DataParallel:
             of the oldest bucket in flight, posts its next round, and moves on;
             ``"poll"`` is the earlier design, testing every bucket each
             ``progress_interval_s`` and sleeping between; False: no thread (the
-            reductions advance at the hooks alone). ``"auto"`` (default): ``"wait"``
-            where the comm spans hosts (and MPI_THREAD_MULTIPLE is there), else
-            False. See docs/overlap.md for what each costs and buys.
-        progress_interval_s: the ``"poll"`` thread's sleep between tests.
+            reductions advance at the hooks alone; the default: no design measured
+            here hid more than it cost, docs/overlap.md).
+        progress_interval_s: the ``"poll"`` thread's sleep between tests, and the
+            ``"wait"`` thread's when the compute thread holds the request it would wait on.
         piece_mb: cut each layer's gradient into pieces of about this many MiB, each
             reduced as soon as backward has written it (``"auto"``: where the comm
             spans hosts, sized from the cost model, `pieces.piece_bytes`, and whole
@@ -128,13 +130,15 @@ class DataParallel:
         deterministic: bitwise the result of one rank on the global batch (see above);
             RuntimeError where this process cannot promise it (`determinism.py`).
 
-    Attributes: ``reducer`` (`reducers.py`), ``optimizer`` (with ZeRO the shard's), and
+    Attributes: ``reducer`` (`reducers.py`), ``optimizer`` (with ZeRO the shard's),
+    ``progress`` (the thread's design, or None), ``blocks`` (layer -> W's row stops where
+    backward is cut, or None), ``across`` (``piece_mb="auto"`` found several hosts), and
     with ZeRO ``layout``, ``grad_shard`` (this rank's averaged gradients), ``flat_params``
     (stages 1, 2: ``model.params`` are views of it).
     """
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 overlap: bool = True, algorithm="auto", progress_thread: bool | str = "auto",
+                 overlap: bool = True, algorithm="auto", progress_thread: bool | str = False,
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
                  timeout: float | None = None, *, optimizer=None, zero: int = 0,
                  prefetch: bool = False, deterministic: bool = False,
@@ -149,8 +153,8 @@ class DataParallel:
                 raise TypeError("prefetch is ZeRO's (the parameters' all-gather): zero >= 1")
         if deterministic:
             check_reproducible(model.xp)
-        if progress_thread not in (False, True, "auto", "wait", "poll"):
-            raise ValueError(f"progress_thread must be 'auto', False, True, 'wait' or 'poll', "
+        if progress_thread not in (False, True, "wait", "poll"):
+            raise ValueError(f"progress_thread must be False, True, 'wait' or 'poll', "
                              f"not {progress_thread!r}")
         if piece_mb is not None and piece_mb != "auto" and not float(piece_mb) > 0:
             raise ValueError(f"piece_mb must be > 0, 'auto' or None, not {piece_mb!r}")
@@ -173,16 +177,14 @@ class DataParallel:
                                zero=zero, prefetch=prefetch, deterministic=deterministic,
                                timeout=timeout)
         self.optimizer = self.reducer.optimizer
-        # where a link carries the bytes (the comm spans hosts) the blocking thread is
-        # the default; on one host it only adds work on the same cores (docs/overlap.md)
-        across = self.comm.Get_size() > 1 and isinstance(self.comm, MPI.Intracomm) and \
-            placement.spans_hosts(placement.placement(self.comm))
-        if progress_thread == "auto":
-            progress_thread = "wait" if (across and overlap and
-                                         MPI.Query_thread() == MPI.THREAD_MULTIPLE) else False
-        if piece_mb == "auto" and not (across and overlap):
-            piece_mb = None
-        self.across, self.progress = across, progress_thread or None
+        across = False  # pieces can pay only where a link carries the bytes
+        if piece_mb == "auto":  # (a query, collective: only when asked)
+            across = self.comm.Get_size() > 1 and isinstance(self.comm, MPI.Intracomm) and \
+                placement.spans_hosts(placement.placement(self.comm))
+            if not (across and overlap):
+                piece_mb = None
+        self.across = across
+        self.progress = ("wait" if progress_thread is True else progress_thread) or None
         self.blocks, self._pieces = None, {}  # layer -> W's row stops; bucket -> its pieces
         if (piece_mb is not None and not zero and not deterministic
                 and "blocks" in inspect.signature(model.backward).parameters):
