@@ -179,3 +179,38 @@ def test_requests_are_not_mpi4py_requests():
     assert mpidp.testall(requests) and Request.Testall(requests)
     assert requests[0].Test() and requests[0].Wait() is True and requests[0].Get_status()
     assert (y == x).all()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3], timeout=60)
+def test_wait_round_completes_a_collective_from_another_thread(mpi_ranks):
+    """What DataParallel's "wait" progress thread calls: a round at a time, blocking in
+    MPI, until done; the persistent collective's replay (its second start on) too. The
+    main thread makes no MPI call meanwhile; the results are the native Allreduce's."""
+    import threading
+
+    comm = MPI.COMM_WORLD
+    x = np.arange(1000.0) * (comm.Get_rank() + 1)
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect)
+    pout = np.empty_like(x)
+    persistent = mpidp.allreduce_init(comm, x, pout, algorithm="ring")
+    for start in range(3):
+        out = np.empty_like(x)
+        if start == 0:
+            request = mpidp.iallreduce(comm, x, out, algorithm="ring")
+        else:
+            persistent.Start()
+            request, out = persistent.request, pout
+        rounds = []
+
+        def drive(request=request, rounds=rounds):
+            while not request.wait_round():
+                rounds.append(1)
+
+        thread = threading.Thread(target=drive)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive() and request.done
+        assert len(rounds) == max(0, 2 * (mpi_ranks - 1) - 1)  # ring: 2(N-1) rounds
+        np.testing.assert_array_equal(out, expect)
+    persistent.Free()

@@ -28,6 +28,7 @@ from mpidp.training import (
     softmax_cross_entropy,
 )
 from mpidp.training.memory import StepPeak, formula_bytes, model_state_bytes
+from mpidp.training.reducers import ReduceScatter
 
 SIZES = [20, 16, 12, 5]  # 3 layers, P = 617: buckets straddle the shards of every N
 EPOCHS = 2  # 2 steps per epoch, 4 steps in all
@@ -83,7 +84,7 @@ def train(comm, kind: str, zero: int, accum: int = 1, gb: int | None = None, **d
                         ddp.backward(dlogits if ddp.deterministic else dlogits / accum)
                 ddp.step()
                 if ddp_kw.get("prefetch"):  # left running into the next forward
-                    assert ddp._gathers
+                    assert ddp.reducer.inflight()
                 else:
                     ddp.check_replicas()  # bitwise identical on every rank, every step
         ddp.check_replicas()
@@ -259,13 +260,13 @@ def test_stage_2_frees_each_bucket_after_its_reduce_scatter(mpi_ranks):
     model = MLP([32, 64, 64, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0, zero=2,
                        optimizer=Adam(model.params, model.grads))
-    made, make = [], ddp._make
+    made, make = [], ddp.reducer._make
 
     def spy(b):
         make(b)
         made.append(weakref.ref(b.flat))
 
-    ddp._make = spy
+    ddp.reducer._make = spy
     x, y = np.ones((8, 32)), np.zeros(8, dtype=np.int64)
     with ddp.no_sync():  # accumulating: the full buckets stay
         ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
@@ -280,7 +281,7 @@ def test_constructor_checks_and_dispatch():
     comm = MPI.COMM_SELF
     model = MLP([3, 4, 2], dtype="float64")
     ddp = DataParallel(model, comm, zero=1, optimizer=SGD(model.params, model.grads))
-    assert isinstance(ddp, ShardedDataParallel) and isinstance(ddp, DataParallel)
+    assert type(ddp) is DataParallel and isinstance(ddp.reducer, ReduceScatter)
     assert ddp.zero == 1 and ddp.layout.total == model.num_params()
     assert type(DataParallel(MLP([3, 2]), comm)) is DataParallel
     with pytest.raises(ValueError, match="optimizer"):
