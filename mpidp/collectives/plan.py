@@ -29,11 +29,12 @@ from typing import NamedTuple
 
 from .. import flight
 from ..arrays import array_module
+from ..config import debug_enabled
 from ..flight import SIGNED, STARTED, STATE, TAG
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .algorithms.rounds import Rounds
-from .checks import agree, debug_enabled
+from .checks import agree
 from .engine.driver import Request, run
 from .engine.staging import stager
 from .state import CommState, check_user_tag, signature, state

@@ -88,9 +88,7 @@ def waitall(requests: Iterable, timeout: float | None = None) -> None:
 def likely_causes() -> str:
     """Why a collective may not complete, for a deadline's message: the agreement check is
     suggested only where it is off; where it is on, what it does not see."""
-    from ..checks import debug_enabled
-
-    if not debug_enabled():
+    if not config.debug_enabled():
         return ("a peer has not joined the collective, or ranks disagree on its arguments "
                 "(count, dtype, op, root, algorithm; MPIDP_DEBUG=1 checks them)")
     return ("a peer has not joined the collective. MPIDP_DEBUG is on, so ranks that disagree "
