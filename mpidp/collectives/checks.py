@@ -26,10 +26,21 @@ import numpy as np
 
 from ..arrays import array_module
 from ..config import debug_enabled, set_debug  # noqa: F401 (the switch of `agree`)
+from .algorithms import ALGORITHMS
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .algorithms.ring import ring_allgather
 from .engine.driver import run
+
+
+def check_algorithm(collective: str, algorithm) -> tuple:
+    """Raise ValueError unless `algorithm` names one of `collective`'s; return the names."""
+    names = ALGORITHMS.get(collective)
+    if names is None:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {list(ALGORITHMS)}")
+    if algorithm not in names:
+        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
+    return names
 
 
 def index(value, what: str) -> int:
