@@ -20,24 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import nullcontext
 
 import numpy as np
 from mpi4py import MPI
 
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
+from ..training.trainer import blas_threads
 
 MODES = ("compute", "serial", "overlap", "overlap+thread")
-
-
-def blas_threads(n: int):
-    """Limit the BLAS thread pool (threadpoolctl comes with scikit-learn; optional)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
 
 
 def parse_args(argv) -> argparse.Namespace:
