@@ -21,7 +21,7 @@ with the collective's tag:
   ``wait()`` drives it to the end.
 
 Either way the same algorithm loop runs: there is no second copy of it. Device
-buffers are the business of a `buffers.Stager`, which the plan hands over (or
+buffers are the business of a `staging.Stager`, which the plan hands over (or
 None: NumPy buffers need nothing).
 
 Completing many requests (`waitall` and the others, one policy for mpidp's
