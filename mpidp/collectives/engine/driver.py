@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from ..algorithms.rounds import Recv, Round, Rounds, Send
 from . import completion
-from .completion import default_timeout, waitall
+from .completion import Polled, default_timeout, waitall
 from .staging import Stager, msg
 
 
@@ -106,78 +106,6 @@ class RequestError(MPI.Exception):
 
     def __str__(self) -> str:
         return self.message
-
-
-class Polled:
-    """What a collective in flight does on its own: `Request` (the rounds of a generator)
-    and `replay.Replay` (a recorded run) share it.
-
-    A subclass keeps ``_reqs`` (the MPI requests of the round in flight), ``done``,
-    ``_lock`` (a progress thread may test while the owner waits) and ``_active``,
-    and says in ``_advance`` what follows a complete round. Here: `test` and `wait`,
-    and mpi4py's spellings ``Test``/``Wait``, which, as an MPI request becomes
-    ``MPI.REQUEST_NULL`` once reported complete, make it inactive: false as a bool,
-    and skipped by Waitany and the like.
-    """
-
-    __slots__ = ()
-
-    def _check_failed(self) -> None:
-        """A collective whose own work raised (`error`) never completes: say so, again."""
-        if self.error is not None:
-            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
-                               "never complete") from self.error
-
-    def test(self) -> bool:
-        """Complete every round that is ready and post the next; True when all are done.
-
-        If another thread (a progress thread) is advancing this request right now,
-        return False at once instead of waiting for its reduction to finish.
-        """
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            while not self.done:
-                if self._reqs and not MPI.Request.Testall(self._reqs):
-                    return False
-                self._advance()
-            return True
-        finally:
-            self._lock.release()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the collective is complete; TimeoutError after `timeout` seconds
-        (None: ``MPIDP_TIMEOUT``, if set; else no limit).
-
-        After a timeout the collective is still in flight: its messages stay posted
-        and may yet complete (call `wait` again). A peer that never joins it leaves
-        the communicator unusable for mpidp's collectives: free it or end the job.
-        """
-        timeout = default_timeout() if timeout is None else timeout
-        if timeout is not None:
-            waitall([self], timeout)
-            return
-        with self._lock:
-            while not self.done:
-                if self._reqs:
-                    MPI.Request.Waitall(self._reqs)
-                self._advance()
-
-    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Make progress without blocking; True when the collective is complete."""
-        if self.test():
-            self._active = False
-            return True
-        return False
-
-    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Block until the collective is complete; returns True, as mpi4py's does."""
-        self.wait()
-        self._active = False
-        return True
-
-    def __bool__(self) -> bool:
-        return self._active
 
 
 class Request(Polled):

@@ -58,7 +58,7 @@ from ..algorithms.ops import Op
 from ..algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from ..algorithms.rounds import Recv, Rounds, Send, no_rounds
 from ..algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
-from .driver import Polled
+from .completion import Polled
 from .staging import msg
 
 # the algorithms that write the buffers only by receives and through `op` (checked by
@@ -109,7 +109,10 @@ def recording(plan, log: list) -> Rounds:
 
 
 class Replay(Polled):
-    """A recorded run, started again and again; a request as a `driver.Request` is (`Polled`).
+    """A recorded run, started again and again: a request, as a `driver.Request` is.
+
+    Both are `completion.Polled` (the same test, wait, Test and Wait); here a round
+    is the recorded persistent requests, and what follows it the recorded reductions.
 
     Args:
         comm, tag: where the messages go (the persistent collective's tag).
