@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 
@@ -176,14 +177,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             ddp.step()
             since["seconds"] += time.perf_counter() - t0
             since["steps"] += 1
-            dog.kick()
-            if tracer is not None:
-                tracer.add(args.optimizer, t1, time.perf_counter(), "optimizer")
-            if args.debug:
-                ddp.check_replicas()
-            stop = bool(args.max_steps) and opt.steps >= args.max_steps
-            if stop or (args.checkpoint_every and opt.steps % args.checkpoint_every == 0):
-                save(epoch, step + 1)
+            stop = trainer.end_step(args, ddp, dog, tracer, t1, partial(save, epoch, step + 1))
             if stop or opt.steps % args.eval_every == 0:
                 report(epoch)
                 last_reported = opt.steps

@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 
@@ -138,15 +139,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             ddp.step()
             if measured is not None:
                 peak = held + measured.stop()
-            dog.kick()
-            if tracer is not None:
-                tracer.add(args.optimizer, t2, time.perf_counter(), "optimizer")
             stats[6] += 1
-            if args.debug:
-                ddp.check_replicas()
-            stop = args.max_steps and opt.steps >= args.max_steps
-            if stop or (args.checkpoint_every and opt.steps % args.checkpoint_every == 0):
-                save(epoch, step + 1)
+            stop = trainer.end_step(args, ddp, dog, tracer, t2, partial(save, epoch, step + 1))
             bar.update(step + 1)
             if stop:
                 break

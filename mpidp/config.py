@@ -11,7 +11,9 @@ Any other value is a `ConfigError` (a ``ValueError``) naming the variable, the
 value and the values it takes, raised where the variable is used: never at
 import, so that a bad value cannot make ``import mpidp`` fail with a traceback.
 `check` reads them all at once: ``python -m mpidp`` and the trainer call it
-first, and turn a bad value into one line and exit code 2.
+first, and turn a bad value into one line and exit code 2. `debug_enabled` keeps
+MPIDP_DEBUG's value once read (the agreement check asks at every collective;
+`set_debug` overrides it for this process).
 
 This module imports nothing from mpidp, so every layer may use it.
 """
@@ -123,6 +125,32 @@ def get(name: str):
 def parse(name: str, text: str):
     """What `text` means as the value of `name` (the empty text: unset)."""
     return VARIABLES[name](name, text)
+
+
+# MPIDP_DEBUG, read at the first collective, not at import (a bad value is an error, and
+# `import mpidp` must not fail on it); then kept: os.environ costs ~1 µs a call
+_DEBUG: bool | None = None
+
+
+def debug_enabled(asked: bool = False) -> bool:
+    """Run the agreement check (`collectives.checks.agree`)? ``MPIDP_DEBUG=1`` turns it
+    on whatever the call says.
+
+    ConfigError (a ValueError naming the variable) if MPIDP_DEBUG holds another value.
+    """
+    global _DEBUG
+    if asked:
+        return True
+    if _DEBUG is None:
+        _DEBUG = get("MPIDP_DEBUG")
+    return _DEBUG
+
+
+def set_debug(on: bool | None) -> None:
+    """Turn the environment's check on or off for this process (tests that count bytes);
+    None: as MPIDP_DEBUG says (read again at the next collective)."""
+    global _DEBUG
+    _DEBUG = None if on is None else bool(on)
 
 
 def problems() -> list[str]:

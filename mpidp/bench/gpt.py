@@ -39,8 +39,8 @@ from ..trace import Tracer
 from ..training import GPT, AdamW, DataParallel, data
 from ..training.gpt import token_cross_entropy
 from ..training.memory import formula_bytes, model_state_bytes
-from .output import replace_marked
-from .overlap import blas_threads
+from ..training.trainer import blas_threads
+from .output import publish
 
 MODES = ("compute", "serial", "overlap")
 MARK = ("<!-- gpt-tables -->", "<!-- /gpt-tables -->")
@@ -233,13 +233,7 @@ def report(args) -> int:
         if "modes" in r:
             runs.append(r)
     runs.sort(key=lambda r: ("hosts" in r["label"], r["label"]))  # one host first
-    text = "\n".join(tables(runs))
-    if not args.doc:
-        print(text)
-        return 0
-    if not replace_marked(args.doc, *MARK, [text]):
-        raise SystemExit(f"{args.doc} has no {MARK[0]} ... {MARK[1]} to write the tables between")
-    return 0
+    return publish(tables(runs), args.doc, MARK)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,3 +198,15 @@ def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
     with open(path, "w") as f:
         f.write(head + "\n".join([begin, *lines, end]) + tail)
     return True
+
+
+def publish(lines: list[str], doc: str | None, mark: tuple[str, str]) -> int:
+    """A report's tables: printed, or with `doc` written between its markers `mark`
+    (a page without them is one line, not a traceback). The report's exit code."""
+    text = "\n".join(lines)
+    if not doc:
+        print(text)
+        return 0
+    if not replace_marked(doc, *mark, [text]):
+        raise SystemExit(f"{doc} has no {mark[0]} ... {mark[1]} to write the tables between")
+    return 0

@@ -29,13 +29,13 @@ import argparse
 import json
 import os
 import time
-from contextlib import nullcontext
 
 import numpy as np
 from mpi4py import MPI
 
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
+from ..training.trainer import blas_threads
 
 MODES = ("compute", "serial", "overlap", "overlap+thread", "overlap+wait", "overlap+blocks",
          "overlap+pieces", "pieces+wait", "default")
@@ -68,15 +68,6 @@ def efficiency(serial: dict, compute: dict, mode: dict) -> float:
     if not hideable > 0:
         return float("nan")
     return (serial["step_ms"] - mode["step_ms"]) / hideable
-
-
-def blas_threads(n: int):
-    """Limit the BLAS thread pool (threadpoolctl comes with scikit-learn; optional)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
 
 
 def parse_args(argv) -> argparse.Namespace:

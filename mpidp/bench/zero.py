@@ -35,8 +35,8 @@ from mpi4py import MPI
 from .. import collectives as mp
 from ..training import MLP, SGD, Adam, DataParallel, softmax_cross_entropy
 from ..training.memory import StepPeak, formula_bytes, model_state_bytes
-from .output import replace_marked
-from .overlap import blas_threads
+from ..training.trainer import blas_threads
+from .output import publish
 
 DEMO = [64, 128, 64, 10]
 KINDS = {"sgd": (lambda m: SGD(m.params, m.grads, lr=0.05, momentum=0.9), 1),
@@ -174,13 +174,7 @@ def report(args) -> int:
     if not paths:
         raise SystemExit(f"no zero-n*.json in {args.report}")
     runs = [json.load(open(p)) for p in paths]
-    text = "\n".join(tables(runs))
-    if not args.doc:
-        print(text)
-        return 0
-    if not replace_marked(args.doc, *MARK, [text]):
-        raise SystemExit(f"{args.doc} has no {MARK[0]} ... {MARK[1]} to write the tables between")
-    return 0
+    return publish(tables(runs), args.doc, MARK)
 
 
 def main(argv: list[str] | None = None) -> int:

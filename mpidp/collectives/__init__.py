@@ -8,14 +8,24 @@ from .api import (
     IN_PLACE,
     TAG_BASE,
     allgather,
+    allgather_init,
+    allgatherv_init,
     allreduce,
+    allreduce_init,
+    allreduce_parts,
     bcast,
+    bcast_init,
     check_algorithm,
     iallgather,
     iallreduce,
+    iallreduce_parts,
     ibcast,
     ireduce_scatter,
+    ireduce_scatter_parts,
     reduce_scatter,
+    reduce_scatter_block_init,
+    reduce_scatter_init,
+    sum_parts,
 )
 from .checks import check_buffer
 from .dropin.comm import Comm, duplicate
@@ -23,21 +33,7 @@ from .dropin.counting import CountingComm
 from .engine.completion import testall, waitall
 from .engine.driver import Handle, Request
 from .engine.staging import ScratchPool
-from .exact import (
-    allreduce_parts,
-    iallreduce_parts,
-    ireduce_scatter_parts,
-    sum_parts,
-)
-from .persistent import (
-    Persistent,
-    allgather_init,
-    allgatherv_init,
-    allreduce_init,
-    bcast_init,
-    reduce_scatter_block_init,
-    reduce_scatter_init,
-)
+from .persistent import Persistent
 
 __all__ = [
     "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "EXACT_AVG", "EXACT_SUM", "Handle",

@@ -1,11 +1,18 @@
-"""Entry points: check the arguments once, set up buffers, pick the algorithm, run it.
+"""Entry points: every collective as a function, its I-form and its persistent form.
 
-Every collective has a nonblocking form (``iallreduce`` ... returns a `Request`)
-and a blocking one (``allreduce`` ... = start, then wait). Arguments are NumPy
-or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in ``recvbuf``, as in
-MPI. All checks happen here (`checks`), before any message is sent, on the rank
-that got the bad argument. Integer arguments (root, counts, displacements) are
-taken as the ints they are (``np.int64(1)`` is 1; ``1.0`` is a TypeError).
+    allreduce(comm, sendbuf, recvbuf, op, algorithm)       blocking: start, then wait
+    iallreduce(comm, sendbuf, recvbuf, op, algorithm)      -> Request (test(), wait())
+    allreduce_init(comm, sendbuf, recvbuf, op, algorithm)  -> Persistent (Start(), Wait())
+
+and the same for reduce-scatter, all-gather and broadcast, and the exact sums of
+parts. Each is one line: `plan.planned` makes the collective's plan (`plans`,
+`exact`: the checks, the algorithm, the buffers, the tag), then the plan runs
+(`Plan.run`), starts (`Plan.start`) or is kept for many starts (`Persistent`).
+`mpidp.Comm` makes the same plans from mpi4py's buffer specs (`dropin`).
+
+Arguments are NumPy or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in
+``recvbuf``, as in MPI. Integer arguments (root, counts, displacements) are taken
+as the ints they are (``np.int64(1)`` is 1; ``1.0`` is a TypeError).
 
 Any number of collectives may be in flight on one communicator, each with the
 next tag of its sequence (`state`; ``tag=`` gives one of your own, below
@@ -13,273 +20,36 @@ next tag of its sequence (`state`; ``tag=`` gives one of your own, below
 in its tags); ``MPIDP_DEBUG=1`` or ``debug=True`` makes every rank raise
 ``ValueError`` with what each rank passed (`checks.agree`), compared as passed
 (``auto`` is not ``ring``) after the local checks and before anything collective.
-What a signature determines is worked out once per communicator (`plan.Call.setup`).
 """
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
-from ..arrays import array_module, flat
-from . import cost, exact
-from .algorithms.blocks import Blocks
-from .algorithms.direct import direct_allreduce, direct_scratch
-from .algorithms.halving import (
-    halving_scratch,
-    rabenseifner_allreduce,
-    rabenseifner_article_allreduce,
-    rabenseifner_scratch,
-    recursive_doubling_allgather,
-    recursive_doubling_allreduce,
-    recursive_halving_reduce_scatter,
+from .algorithms import (  # noqa: F401 (api.ALGORITHMS ...: the names of each collective's)
+    ALGORITHMS,
+    ALLGATHER,
+    ALLREDUCE,
+    ANY_LAYOUT,
+    BCAST,
+    REDUCE_SCATTER,
 )
-from .algorithms.hierarchical import hierarchical_allreduce
-from .algorithms.ops import SUM, resolve_op
-from .algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
-from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
+from .checks import check_algorithm  # noqa: F401 (mpidp.check_algorithm)
+from .cost import choose  # noqa: F401 (api.choose: what "auto" picks)
 from .engine.driver import Request
-from .placement import locate
-from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed, through_packed
+from .exact import plan_parts, plan_parts_rs
+from .persistent import Persistent
+from .plan import planned
+from .plans import (
+    IN_PLACE,  # noqa: F401 (mpidp.IN_PLACE)
+    plan_allgather,
+    plan_allreduce,
+    plan_bcast,
+    plan_reduce_scatter,
+)
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
 
-IN_PLACE = MPI.IN_PLACE
-
-# name -> (generator, scratch items needed for a vector of `blocks`, one block per rank).
-# The all-reduce and reduce-scatter generators take (comm, buf, blocks, op, tmp, src):
-# out of place, `src` is sendbuf, read and never written, and `buf` receives the results.
-ALLREDUCE = {
-    "ring": (ring_allreduce, lambda blocks: blocks.max),
-    "rabenseifner": (rabenseifner_allreduce, rabenseifner_scratch),
-    "recursive_doubling": (recursive_doubling_allreduce, lambda blocks: blocks.total),
-    "naive": (naive_allreduce, lambda blocks: blocks.total),
-    "direct": (direct_allreduce, direct_scratch),
-    "rabenseifner_article": (rabenseifner_article_allreduce, rabenseifner_scratch),
-    "hierarchical": (hierarchical_allreduce, lambda blocks: blocks.total),
-}
-REDUCE_SCATTER = {
-    "ring": (ring_reduce_scatter, lambda blocks: blocks.max),
-    "recursive_halving": (recursive_halving_reduce_scatter,
-                          lambda blocks: halving_scratch(blocks, len(blocks))),
-}
-ALLGATHER = {"ring": ring_allgather, "recursive_doubling": recursive_doubling_allgather}
-# all-gathers that send one block per message, so run in any rank's own layout; the
-# others send runs of neighbouring blocks and run on a packed copy where it is not
-# packed (`plan.through_packed`), since MPI_Allgatherv's layouts differ across ranks
-ANY_LAYOUT = {ring_allgather}
-BCAST = {"binomial": binomial_bcast, "scatter_allgather": scatter_allgather_bcast}
-
-ALGORITHMS = {
-    "allreduce": (*ALLREDUCE, "auto"),
-    "reduce_scatter": (*REDUCE_SCATTER, "auto"),
-    "allgather": (*ALLGATHER, "auto"),
-    "bcast": (*BCAST, "auto"),
-}
-
-
-def check_algorithm(collective: str, algorithm) -> tuple:
-    """Raise ValueError unless `algorithm` names one of `collective`'s; return the names."""
-    names = ALGORITHMS.get(collective)
-    if names is None:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {list(ALGORITHMS)}")
-    if algorithm not in names:
-        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
-    return names
-
-
-def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
-    """Resolve ``"auto"`` to an algorithm name; check a given name.
-
-    ``"auto"`` takes the algorithm with the least predicted time (`cost.predict`).
-    The choice depends only on (nbytes, N) and the comm's model, which every rank
-    holds alike, so every rank makes it alike; the first ``"auto"`` on a comm
-    calibrates the model, collectively (see `cost.model`).
-    """
-    names = check_algorithm(collective, algorithm)
-    if algorithm != "auto":
-        return algorithm
-    if comm.Get_size() == 1:
-        return names[0]
-    return cost.choose(comm, collective, names[:-1], nbytes)
-
-
-@planned
-def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto") -> Plan:
-    """Check the arguments of an all-reduce and set it up (``sendbuf=IN_PLACE``: in recvbuf)."""
-    comm = call.comm
-    op = resolve_op(op)
-    send = None if sendbuf is IN_PLACE else sendbuf
-    check_pair(send, recvbuf, op, same_size=True)
-    buf = flat(recvbuf)
-    if op.exact and buf.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
-        return exact.plan_exact(call, [buf if send is None else flat(send)], buf, op,
-                                algorithm, comm.Get_size())
-    op = SUM if op.exact else op
-
-    def setup() -> Setup:
-        name = choose(comm, "allreduce", buf.nbytes, algorithm)
-        blocks = Blocks.even(buf.size, comm.Get_size())
-        algo, scratch_items = ALLREDUCE[name]
-        return Setup(signed("allreduce", buf.size, buf.dtype, op, name), algo, blocks,
-                     scratch_items(blocks))
-
-    if call.debug:  # the arguments as passed, before auto's (collective) set-up
-        check_algorithm("allreduce", algorithm)
-        call.agree("allreduce", count=buf.size, dtype=buf.dtype, op=op.name, algorithm=algorithm)
-    s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
-    tag = call.tag(s.signed)
-    locate(comm, call.state, "allreduce", s.signed.description["algorithm"])
-    if send is not None and comm.Get_size() == 1:  # one rank: no round will write recvbuf
-        return Plan(call, copy_rounds, (buf, flat(send)), tag)
-    if buf.size == 0:
-        return Plan(call, no_rounds, (), tag)
-    # out of place, the algorithms read sendbuf where it is (no copy first)
-    src = None if send is None else flat(send)
-    tmp = call.state.pool.take(buf, s.scratch)
-    return Plan(call, s.algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
-
-
-@planned
-def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
-                        algorithm: str = "auto") -> Plan:
-    """Check and set up a reduce-scatter: rank r gets block r of the reduced vector.
-
-    Args:
-        recvcounts: items each rank gets (``MPI_Reduce_scatter``); None means equal
-            blocks of ``recvbuf.size`` items (``MPI_Reduce_scatter_block``; with
-            IN_PLACE, ``recvbuf.size / N``).
-        sendbuf: the whole vector, or IN_PLACE: the vector is in recvbuf, and the
-            result is written to its start, as in MPI. The partial sums go to a
-            pooled work vector, and the input is read where it is, not copied:
-            MPI forbids writing sendbuf, and in place the rest of recvbuf, past
-            this rank's block, keeps what it held (as MPICH and Open MPI mostly
-            leave it, and programs rely on; docs/dropin.md).
-    """
-    comm = call.comm
-    op = resolve_op(op)
-    n, rank = comm.Get_size(), comm.Get_rank()
-    in_place = sendbuf is IN_PLACE
-    check_pair(None if in_place else sendbuf, recvbuf, op)
-    full = recvbuf if in_place else sendbuf
-    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
-
-    def layout() -> Blocks:
-        return scatter_blocks(full.size, recvbuf.size, counts, in_place, n, rank)
-
-    if op.exact and full.dtype.kind == "f":  # exact.py's passes (on integers SUM is exact)
-        return exact.plan_exact(call, [flat(full)], flat(recvbuf)[: layout().counts[rank]], op,
-                                algorithm, n, layout())
-    op = SUM if op.exact else op
-
-    def setup() -> Setup:
-        blocks = layout()
-        name = choose(comm, "reduce_scatter", full.nbytes, algorithm)
-        algo, scratch_items = REDUCE_SCATTER[name]
-        return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), algo,
-                     blocks, scratch_items(blocks))
-
-    if call.debug:  # the arguments as passed, before auto's (collective) set-up
-        check_algorithm("reduce_scatter", algorithm)
-        call.agree("reduce_scatter", count=layout().counts, dtype=full.dtype, op=op.name,
-                   algorithm=algorithm)
-    s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
-                    op.name, algorithm), setup)
-    tag, blocks = call.tag(s.signed), s.blocks
-    locate(comm, call.state, "reduce_scatter", s.signed.description["algorithm"])
-    out = flat(recvbuf)[: blocks.counts[rank]]
-    if in_place and n == 1:  # the vector is its own result, where it is
-        return Plan(call, no_rounds, (), tag)
-    pool = call.state.pool
-    work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
-    tmp = pool.take(work, s.scratch)
-    # the input is read where it is: the algorithms never write it (one rank: a copy)
-    algo, args = s.algo, (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
-    if n == 1:
-        algo, args = copy_rounds, (work, flat(full), algo, *args)
-    elif algo is ring_reduce_scatter:  # its last sum goes to recvbuf itself: no copy after
-        return Plan(call, algo, (*args, out), tag, None, (tmp, work), work)
-
-    def finish():
-        out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
-
-    return Plan(call, algo, args, tag, finish, (tmp, work), work)
-
-
-@planned
-def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
-                   algorithm: str = "auto") -> Plan:
-    """Check and set up an all-gather: block r of `recvbuf` gets rank r's `sendbuf`.
-
-    Args:
-        recvcounts, displs: per-rank counts and offsets (``MPI_Allgatherv``); None
-            means equal blocks of ``sendbuf.size`` items, packed (with IN_PLACE,
-            ``recvbuf.size / N``), as ``MPI_Allgather``. The displacements are this
-            rank's layout of recvbuf, its own (other ranks may have other ones, gaps,
-            another order: what travels depends on the counts alone); the counts
-            must be the same on every rank.
-        sendbuf: this rank's block, or IN_PLACE: it is already at its place in recvbuf.
-    """
-    comm = call.comm
-    n, rank = comm.Get_size(), comm.Get_rank()
-    in_place = sendbuf is IN_PLACE
-    check_pair(None if in_place else sendbuf, recvbuf)
-    buf = flat(recvbuf)
-    counts = None if recvcounts is None else indices(recvcounts, "recvcounts")
-    offsets = None if displs is None else indices(displs, "displs")
-
-    def layout() -> Blocks:
-        return gather_blocks(None if in_place else sendbuf.size, buf.size, counts, offsets,
-                             n, rank)
-
-    def setup() -> Setup:
-        blocks = layout()
-        name = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)  # alike everywhere
-        return Setup(signed("allgather", blocks.counts, buf.dtype, None, name),
-                     ALLGATHER[name], blocks)
-
-    if call.debug:  # the arguments as passed (the counts; displs are each rank's own layout)
-        check_algorithm("allgather", algorithm)
-        call.agree("allgather", count=layout().counts, dtype=buf.dtype, algorithm=algorithm)
-    s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
-                    buf.dtype, algorithm), setup)
-    tag = call.tag(s.signed)
-    locate(comm, call.state, "allgather", s.signed.description["algorithm"])
-    algo, args = s.algo, (comm, buf, s.blocks)
-    if not (s.blocks.packed or algo in ANY_LAYOUT):  # my layout is mine alone: pack
-        work = call.state.pool.take(buf, s.blocks.total)
-        mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
-        return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
-    if not in_place:  # this rank's block to its place in recvbuf, at every run
-        algo, args = copy_rounds, (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
-    return Plan(call, algo, args, tag, None, (), buf)
-
-
-@planned
-def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
-    """Check and set up a broadcast of `buf` from `root` to every rank."""
-    comm = call.comm
-    root, n = index(root, "root"), comm.Get_size()
-    if not 0 <= root < n:
-        raise ValueError(f"root {root} is not a rank of a communicator of size {n}")
-    check_buffer(buf, "buf", writable=comm.Get_rank() != root)
-    vec = flat(buf)
-
-    def setup() -> Setup:
-        name = choose(comm, "bcast", vec.nbytes, algorithm)
-        return Setup(signed("bcast", vec.size, vec.dtype, None, name, root), BCAST[name])
-
-    if call.debug:  # the arguments as passed, before auto's (collective) set-up
-        check_algorithm("bcast", algorithm)
-        call.agree("bcast", count=vec.size, dtype=vec.dtype, algorithm=algorithm, root=root)
-    s = call.setup(("bcast", vec.size, vec.dtype, root, algorithm), setup)
-    tag = call.tag(s.signed)
-    algo, args = s.algo, (comm, vec, root)
-    if algo is scatter_allgather_bcast and not getattr(vec.flags, "writeable", True):
-        # a read-only root buffer (MPI allows it): the ring writes the root's blocks back,
-        # so it runs on a copy, made at every run
-        vec = array_module(vec).empty_like(vec)
-        algo, args = copy_rounds, (vec, args[1], algo, comm, vec, root)
-    return Plan(call, algo, args, tag, None, (), vec)
+# ------------------------------------------------------------ all-reduce
 
 
 def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> None:
@@ -287,43 +57,139 @@ def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw)
 
     Keywords: ``tag`` (your own, below ``TAG_BASE``), ``debug`` (check that ranks agree).
     """
-    plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, **kw).run()
+    planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).run()
 
 
 def iallreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> Request:
     """Start an all-reduce; returns a Request (`test()`, `wait()`)."""
-    return plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, **kw).start()
+    return planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).start()
+
+
+def allreduce_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
+                   **kw) -> Persistent:
+    """A persistent all-reduce: ``req.Start()``, then ``req.Wait()``, as often as needed."""
+    return Persistent(planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm,
+                              persistent=True, **kw))
+
+
+# ------------------------------------------------------------ reduce-scatter
 
 
 def reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
                    algorithm: str = "auto", **kw) -> None:
-    """Reduce-scatter; see `plan_reduce_scatter`."""
-    plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts, op, algorithm, **kw).run()
+    """Reduce-scatter; see `plans.plan_reduce_scatter`."""
+    planned(plan_reduce_scatter, comm, sendbuf, recvbuf, recvcounts, op, algorithm, **kw).run()
 
 
 def ireduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
                     algorithm: str = "auto", **kw) -> Request:
     """Start a reduce-scatter; returns a Request."""
-    return plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts, op, algorithm, **kw).start()
+    return planned(plan_reduce_scatter, comm, sendbuf, recvbuf, recvcounts, op, algorithm,
+                   **kw).start()
+
+
+def reduce_scatter_init(comm, sendbuf, recvbuf, recvcounts, op=MPI.SUM,
+                        algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent reduce-scatter with per-rank counts (``MPI_Reduce_scatter_init``)."""
+    return Persistent(planned(plan_reduce_scatter, comm, sendbuf, recvbuf, recvcounts, op,
+                              algorithm, persistent=True, **kw))
+
+
+def reduce_scatter_block_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
+                              **kw) -> Persistent:
+    """A persistent reduce-scatter of equal blocks (``MPI_Reduce_scatter_block_init``)."""
+    return Persistent(planned(plan_reduce_scatter, comm, sendbuf, recvbuf, None, op, algorithm,
+                              persistent=True, **kw))
+
+
+# ------------------------------------------------------------ all-gather
 
 
 def allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
               algorithm: str = "auto", **kw) -> None:
-    """All-gather; see `plan_allgather`."""
-    plan_allgather(comm, sendbuf, recvbuf, recvcounts, displs, algorithm, **kw).run()
+    """All-gather; see `plans.plan_allgather`."""
+    planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs, algorithm, **kw).run()
 
 
 def iallgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
                algorithm: str = "auto", **kw) -> Request:
     """Start an all-gather; returns a Request."""
-    return plan_allgather(comm, sendbuf, recvbuf, recvcounts, displs, algorithm, **kw).start()
+    return planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs, algorithm,
+                   **kw).start()
+
+
+def allgather_init(comm, sendbuf, recvbuf, algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent all-gather of equal blocks (``MPI_Allgather_init``)."""
+    return Persistent(planned(plan_allgather, comm, sendbuf, recvbuf, None, None, algorithm,
+                              persistent=True, **kw))
+
+
+def allgatherv_init(comm, sendbuf, recvbuf, recvcounts, displs=None, algorithm: str = "auto",
+                    **kw) -> Persistent:
+    """A persistent all-gather with per-rank counts (``MPI_Allgatherv_init``)."""
+    return Persistent(planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs,
+                              algorithm, persistent=True, **kw))
+
+
+# ------------------------------------------------------------ broadcast
 
 
 def bcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> None:
     """Broadcast `buf` from `root`."""
-    plan_bcast(comm, buf, root, algorithm, **kw).run()
+    planned(plan_bcast, comm, buf, root, algorithm, **kw).run()
 
 
 def ibcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Request:
     """Start a broadcast; returns a Request."""
-    return plan_bcast(comm, buf, root, algorithm, **kw).start()
+    return planned(plan_bcast, comm, buf, root, algorithm, **kw).start()
+
+
+def bcast_init(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Persistent:
+    """A persistent broadcast (``MPI_Bcast_init``)."""
+    return Persistent(planned(plan_bcast, comm, buf, root, algorithm, persistent=True, **kw))
+
+
+# ------------------------------------------------------------ exact sums of parts (`exact`)
+
+
+def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
+                     average: bool = False, **kw) -> Request:
+    """Start the exact sum over all ranks of all arrays in `parts` into `out`.
+
+    Args:
+        parts: this rank's addends: arrays of out's size and dtype (float16/32/64); any
+            number of them, none included. They are read until the request completes.
+        out: the result, the same bits on every rank; it may be one of the parts.
+        addends: the number of addends over all ranks, the same on every rank. The
+            result is bitwise EXACT_SUM's over the same multiset of addends.
+        algorithm: the all-reduce algorithm of the SUM pass (and of the MAX pass).
+        average: divide by `addends` (EXACT_AVG).
+        tag, debug: as for every collective.
+    Returns: a Request (``test()``, ``wait()``).
+    """
+    return planned(plan_parts, comm, parts, out, addends, algorithm, average, **kw).start()
+
+
+def allreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
+                    average: bool = False, **kw) -> None:
+    """The blocking `iallreduce_parts`."""
+    planned(plan_parts, comm, parts, out, addends, algorithm, average, **kw).run()
+
+
+def sum_parts(parts, out, *, average: bool = False) -> None:
+    """The local exact sum of `parts` into `out`: `allreduce_parts` on ``MPI.COMM_SELF``."""
+    parts = list(parts)
+    allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average)
+
+
+def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: str = "auto",
+                          average: bool = False, **kw) -> Request:
+    """Start the exact sum over all ranks of all `parts`, rank r getting block r into `out`.
+
+    As `iallreduce_parts`, with the result scattered: block r (``counts[r]`` items, the
+    blocks packed in rank order) is rank r's `out`. `out` may be the front of one of the
+    parts (an in-place reduce-scatter's place): the parts are read before it is written.
+    `algorithm` is a reduce-scatter name (``"ring"``, ``"recursive_halving"``, ``"auto"``).
+    """
+    return planned(plan_parts_rs, comm, parts, out, counts, addends, algorithm, average,
+                   **kw).start()

@@ -24,36 +24,23 @@ import operator
 
 import numpy as np
 
-from .. import config
 from ..arrays import array_module
+from ..config import debug_enabled, set_debug  # noqa: F401 (the switch of `agree`)
+from .algorithms import ALGORITHMS
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .algorithms.ring import ring_allgather
 from .engine.driver import run
 
-# MPIDP_DEBUG, read at the first collective, not at import (a bad value is an error, and
-# `import mpidp` must not fail on it); then kept: os.environ costs ~1 µs a call
-_DEBUG: bool | None = None
 
-
-def debug_enabled(asked: bool = False) -> bool:
-    """Run the agreement check? ``MPIDP_DEBUG=1`` turns it on whatever the call says.
-
-    ConfigError (a ValueError naming the variable) if MPIDP_DEBUG holds another value.
-    """
-    global _DEBUG
-    if asked:
-        return True
-    if _DEBUG is None:
-        _DEBUG = config.get("MPIDP_DEBUG")
-    return _DEBUG
-
-
-def set_debug(on: bool | None) -> None:
-    """Turn the environment's check on or off for this process (tests that count bytes);
-    None: as MPIDP_DEBUG says (read again at the next collective)."""
-    global _DEBUG
-    _DEBUG = None if on is None else bool(on)
+def check_algorithm(collective: str, algorithm) -> tuple:
+    """Raise ValueError unless `algorithm` names one of `collective`'s; return the names."""
+    names = ALGORITHMS.get(collective)
+    if names is None:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {list(ALGORITHMS)}")
+    if algorithm not in names:
+        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
+    return names
 
 
 def index(value, what: str) -> int:

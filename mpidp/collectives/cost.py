@@ -72,6 +72,7 @@ from .algorithms.halving import recursive_doubling_allreduce
 from .algorithms.ops import MAX, SUM
 from .algorithms.ring import ring_allreduce
 from .algorithms.rounds import Rounds
+from .checks import check_algorithm
 from .engine.driver import run
 from .state import state
 
@@ -150,13 +151,21 @@ def best(m: Model, collective: str, names: tuple, nbytes: int, p: int,
 
 # ------------------------------------------------------------ the per-comm model
 
-def choose(comm, collective: str, names: tuple, nbytes: int) -> str:
-    """`best` of the collective's algorithms `names` under the comm's model, remembered.
+def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
+    """Resolve ``"auto"`` to an algorithm name; check a given name (`checks.check_algorithm`).
 
-    The model and the answers live in the comm's state (`state.state`): a small
-    collective pays for this before its first message, so a repeated question
-    costs one dict lookup.
+    ``"auto"`` takes the algorithm with the least predicted time (`best`). The
+    choice depends only on (nbytes, N) and the comm's model, which every rank holds
+    alike, so every rank makes it alike; the first ``"auto"`` on a comm calibrates
+    the model, collectively (see `model`). The model and the answers live in the
+    comm's state (`state.state`): a small collective pays for this before its
+    first message, so a repeated question costs one dict lookup.
     """
+    names = check_algorithm(collective, algorithm)
+    if algorithm != "auto":
+        return algorithm
+    if comm.Get_size() == 1:
+        return names[0]
     st = state(comm)
     question = (collective, nbytes)
     name = st.choices.get(question)
@@ -165,7 +174,7 @@ def choose(comm, collective: str, names: tuple, nbytes: int) -> str:
         m = model(comm)
         if len(st.choices) > 4096:  # a run with ever new sizes: start again
             st.choices.clear()
-        name = st.choices[question] = best(m, collective, names, nbytes, comm.Get_size(),
+        name = st.choices[question] = best(m, collective, names[:-1], nbytes, comm.Get_size(),
                                            hosts if placement.spans_hosts(hosts) else None)
     return name
 

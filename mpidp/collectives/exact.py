@@ -8,7 +8,8 @@ all-reduce of a small code per item, the SUM all-reduce (or reduce-scatter) of
 integer words with the chosen algorithm, the conversion back. `exact_rounds`
 chains the two collectives' generators into one generator of rounds, so the
 blocking call, the I-form, the persistent ``*_init`` and `mpidp.Comm` all run it
-through the same `Plan` as any collective, with one tag.
+through the same `Plan` as any collective, with one tag: `plans` hands an exact op
+to `plan_exact`, and `api`'s parts functions start `plan_parts` and `plan_parts_rs`.
 
 `iallreduce_parts` sums several arrays per rank (a rank may hold any number of
 the addends, none included): the result is bitwise what EXACT_SUM gives on the
@@ -22,9 +23,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from mpi4py import MPI
 
 from ..arrays import array_module, flat
+from .algorithms import ALLREDUCE, REDUCE_SCATTER
 from .algorithms.blocks import Blocks
 from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
 from .algorithms.prerounding import (
@@ -40,10 +41,10 @@ from .algorithms.prerounding import (
     to_words,
 )
 from .algorithms.rounds import Rounds
-from .checks import check_buffer
-from .engine.driver import Request
+from .checks import check_algorithm, check_buffer
+from .cost import choose
 from .placement import locate
-from .plan import Call, Plan, Setup, planned, signed
+from .plan import Call, Plan, Setup, signed
 
 # A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
 CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}
@@ -155,12 +156,12 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
     finish(code, out, g, special, values, average)
 
 
-# ------------------------------------------------------------ the entry points
+# ------------------------------------------------------------ the plans
 
 
 def _check_parts(parts, out) -> list:
     check_buffer(out, "out", writable=True)
-    if array_module(out) is not __import__("numpy"):
+    if array_module(out) is not np:
         raise TypeError("the exact sum takes NumPy arrays (CuPy arrays are not supported)")
     parts = list(parts)
     for i, x in enumerate(parts):
@@ -181,8 +182,6 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         algorithm: for the SUM pass, and the MAX pass (a reduce-scatter's: `CODE_FOR`).
         addends: over all ranks, the same on every rank.
     """
-    from . import api  # (api imports this module on its exact path)
-
     comm = call.comm
     rs = blocks is not None
     count = blocks.total if rs else out.size
@@ -190,11 +189,11 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
 
     def setup() -> Setup:
         collective = "reduce_scatter" if rs else "allreduce"
-        word_name = api.choose(comm, collective, count * g.words * 8, algorithm)
+        word_name = choose(comm, collective, count * g.words * 8, algorithm)
         code_name = (CODE_FOR[word_name] if rs else
-                     api.choose(comm, "allreduce", count * g.code.itemsize, algorithm))
-        code_algo, code_scratch = api.ALLREDUCE[code_name]
-        word_algo, word_scratch = (api.REDUCE_SCATTER if rs else api.ALLREDUCE)[word_name]
+                     choose(comm, "allreduce", count * g.code.itemsize, algorithm))
+        code_algo, code_scratch = ALLREDUCE[code_name]
+        word_algo, word_scratch = (REDUCE_SCATTER if rs else ALLREDUCE)[word_name]
         word_blocks = (Blocks([c * g.words for c in blocks.counts]) if rs
                        else Blocks.even(count * g.words, comm.Get_size()))
         items = (code_scratch(Blocks.even(count, comm.Get_size())), word_scratch(word_blocks))
@@ -204,7 +203,7 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
 
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         collective = "reduce_scatter" if rs else "allreduce"
-        api.check_algorithm(collective, algorithm)
+        check_algorithm(collective, algorithm)
         call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
                    op=op.name, algorithm=algorithm, addends=addends)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
@@ -218,7 +217,6 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
 
 
-@planned
 def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
                average: bool = False) -> Plan:
     """Check and set up the exact sum of every rank's `parts` into `out`."""
@@ -229,37 +227,6 @@ def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
                       int(addends))
 
 
-def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
-                     average: bool = False, **kw) -> Request:
-    """Start the exact sum over all ranks of all arrays in `parts` into `out`.
-
-    Args:
-        parts: this rank's addends: arrays of out's size and dtype (float16/32/64); any
-            number of them, none included. They are read until the request completes.
-        out: the result, the same bits on every rank; it may be one of the parts.
-        addends: the number of addends over all ranks, the same on every rank. The
-            result is bitwise EXACT_SUM's over the same multiset of addends.
-        algorithm: the all-reduce algorithm of the SUM pass (and of the MAX pass).
-        average: divide by `addends` (EXACT_AVG).
-        tag, debug: as for every collective.
-    Returns: a Request (``test()``, ``wait()``).
-    """
-    return plan_parts(comm, parts, out, addends, algorithm, average, **kw).start()
-
-
-def allreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
-                    average: bool = False, **kw) -> None:
-    """The blocking `iallreduce_parts`."""
-    plan_parts(comm, parts, out, addends, algorithm, average, **kw).run()
-
-
-def sum_parts(parts, out, *, average: bool = False) -> None:
-    """The local exact sum of `parts` into `out`: `allreduce_parts` on ``MPI.COMM_SELF``."""
-    parts = list(parts)
-    allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average)
-
-
-@planned
 def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
                   average: bool = False) -> Plan:
     """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
@@ -277,15 +244,3 @@ def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str =
         raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
     return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
                       int(addends), blocks)
-
-
-def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: str = "auto",
-                          average: bool = False, **kw) -> Request:
-    """Start the exact sum over all ranks of all `parts`, rank r getting block r into `out`.
-
-    As `iallreduce_parts`, with the result scattered: block r (``counts[r]`` items, the
-    blocks packed in rank order) is rank r's `out`. `out` may be the front of one of the
-    parts (an in-place reduce-scatter's place): the parts are read before it is written.
-    `algorithm` is a reduce-scatter name (``"ring"``, ``"recursive_halving"``, ``"auto"``).
-    """
-    return plan_parts_rs(comm, parts, out, counts, addends, algorithm, average, **kw).start()

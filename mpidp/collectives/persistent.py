@@ -1,6 +1,7 @@
 """Persistent collectives (MPI-4's ``MPI_Allreduce_init`` ...): planned once, started many times.
 
     req = mpidp.allreduce_init(comm, x, y)      # checks, algorithm, blocks, scratch, tag
+                                                # (`api`: the plan, kept in a Persistent)
     for step in range(steps):
         req.Start()                             # posts the first round; nothing else to do
         ...                                     # req.Test() between other work
@@ -23,10 +24,7 @@ the generator again.
 
 from __future__ import annotations
 
-from mpi4py import MPI
-
 from .. import flight
-from . import api
 from .engine.driver import Request
 from .engine.replay import Replay, recording, replayable
 from .plan import Plan
@@ -127,42 +125,3 @@ class Persistent:
     def __repr__(self) -> str:
         state = "inactive" if self.done else "active"
         return f"<mpidp persistent collective, {state}>"
-
-
-def allreduce_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
-                   **kw) -> Persistent:
-    """A persistent all-reduce: ``req.Start()``, then ``req.Wait()``, as often as needed."""
-    return Persistent(api.plan_allreduce(comm, sendbuf, recvbuf, op, algorithm, persistent=True,
-                                     **kw))
-
-
-def reduce_scatter_init(comm, sendbuf, recvbuf, recvcounts, op=MPI.SUM,
-                        algorithm: str = "auto", **kw) -> Persistent:
-    """A persistent reduce-scatter with per-rank counts (``MPI_Reduce_scatter_init``)."""
-    return Persistent(api.plan_reduce_scatter(comm, sendbuf, recvbuf, recvcounts, op, algorithm,
-                                          persistent=True, **kw))
-
-
-def reduce_scatter_block_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto",
-                              **kw) -> Persistent:
-    """A persistent reduce-scatter of equal blocks (``MPI_Reduce_scatter_block_init``)."""
-    return Persistent(api.plan_reduce_scatter(comm, sendbuf, recvbuf, None, op, algorithm,
-                                          persistent=True, **kw))
-
-
-def allgather_init(comm, sendbuf, recvbuf, algorithm: str = "auto", **kw) -> Persistent:
-    """A persistent all-gather of equal blocks (``MPI_Allgather_init``)."""
-    return Persistent(api.plan_allgather(comm, sendbuf, recvbuf, None, None, algorithm,
-                                     persistent=True, **kw))
-
-
-def allgatherv_init(comm, sendbuf, recvbuf, recvcounts, displs=None, algorithm: str = "auto",
-                    **kw) -> Persistent:
-    """A persistent all-gather with per-rank counts (``MPI_Allgatherv_init``)."""
-    return Persistent(api.plan_allgather(comm, sendbuf, recvbuf, recvcounts, displs, algorithm,
-                                     persistent=True, **kw))
-
-
-def bcast_init(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Persistent:
-    """A persistent broadcast (``MPI_Bcast_init``)."""
-    return Persistent(api.plan_bcast(comm, buf, root, algorithm, persistent=True, **kw))

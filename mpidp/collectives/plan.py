@@ -1,12 +1,13 @@
 """A collective's place in its communicator's sequence, and the plan that runs it.
 
-Every entry point (`api`'s functions, `mpidp.Comm`) goes through the same steps:
+Every entry point (`api`'s functions, their I-forms and ``*_init``, `mpidp.Comm`)
+goes through `planned`, and so through the same steps:
 
     Call(comm)   take the next slot of the comm's tag sequence, first of all
     call.agree   (MPIDP_DEBUG) the ranks compare the arguments as passed, before
                  anything collective (auto's calibration, the placement query)
     Plan(...)    the checked arguments as rounds (a generator), with the call's tag;
-                 `run()` blocks, `start()` returns a `schedule.Request`
+                 `run()` blocks, `start()` returns an `engine.driver.Request`
 
 and the slot goes back when the collective completes, or at once if planning
 raises (the number stays used up, on this rank as on the others), or if the
@@ -28,15 +29,36 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import flight
-from ..arrays import array_module
+from ..config import debug_enabled
 from ..flight import SIGNED, STARTED, STATE, TAG
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
-from .algorithms.rounds import Rounds
-from .checks import agree, debug_enabled
+from .checks import agree
 from .engine.driver import Request, run
 from .engine.staging import stager
 from .state import CommState, check_user_tag, signature, state
+
+
+def planned(body: Callable[..., Plan], comm, *args, tag: int | None = None, debug: bool = False,
+            persistent: bool = False) -> Plan:
+    """``body(call, *args)`` for a new `Call` on `comm`: how every entry point makes its plan.
+
+    The functions (`api`), their I-forms and ``*_init`` pass a collective's plan
+    (``plans.plan_allreduce`` ...); `mpidp.Comm` passes its parser (`dropin.parse`),
+    which hands the parsed views to the same plans. The call's slot is taken first,
+    and goes back if `body` raises. A persistent call's start is over once it is
+    planned; another's when it runs (`Plan.run`, `Plan.start`).
+    """
+    call = Call(comm, tag, debug, persistent)
+    try:
+        plan = body(call, *args)
+    except BaseException as e:
+        call.failed(e)
+        call.started()
+        raise
+    if persistent:
+        call.started()
+    return plan
 
 
 class Signed(NamedTuple):
@@ -171,7 +193,7 @@ class Plan:
         finish: called when a run completes (copy the result out), or None.
         scratch: pooled arrays the runs use, given back when the plan is done with.
         buf: the buffer the rounds work on; decides, once, whether rounds need a
-            `buffers.Stager` (device buffers) or nothing (NumPy).
+            `staging.Stager` (device buffers) or nothing (NumPy).
     """
 
     __slots__ = ("call", "algo", "args", "tag", "finish", "scratch", "stager")
@@ -182,7 +204,7 @@ class Plan:
         self.finish, self.scratch = finish, scratch
         self.stager = None if buf is None else stager(buf, call.state.pool)
 
-    def done(self) -> None:
+    def completed(self) -> None:
         """The one run of a plan is complete: finish, give the scratch and the slot back."""
         try:
             if self.finish is not None:
@@ -203,7 +225,7 @@ class Plan:
         if entry is not None:
             entry[STATE] = STARTED
         try:
-            request = Request(call.comm, self.algo(*self.args), self.tag, self.done,
+            request = Request(call.comm, self.algo(*self.args), self.tag, self.completed,
                               self.stager, self.free)
         finally:
             if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
@@ -217,7 +239,7 @@ class Plan:
         if entry is not None:
             entry[STATE] = STARTED
         try:
-            run(call.comm, self.algo(*self.args), self.tag, self.done, self.stager, self.free)
+            run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free)
         except BaseException as e:
             if entry is not None:
                 flight.fail(entry, e)
@@ -225,73 +247,3 @@ class Plan:
         finally:
             if call.starting:
                 call.started()
-
-
-def no_rounds() -> Rounds:
-    """A collective with nothing to exchange (count 0)."""
-    yield from ()
-
-
-def copy_rounds(dst, src, algo=None, *args) -> Rounds:
-    """Copy `src` into `dst`, then the rounds of ``algo(*args)`` if any.
-
-    A copy the collective needs before its first round (one rank out of place, an
-    all-gather's own block) belongs to every run of the plan, not to planning.
-    """
-    array_module(dst).copyto(dst, src)
-    if algo is not None:
-        yield from algo(*args)
-
-
-def through_packed(algo, comm, buf, blocks: Blocks, work, mine) -> Rounds:
-    """An all-gather into this rank's own layout `blocks`, run on `work`, packed.
-
-    MPI_Allgatherv lets each rank lay out its recvbuf as it likes (gaps, any block
-    order); only the counts agree. An algorithm that sends neighbouring blocks as one
-    message cuts its messages by the layout, so every rank must see the same one:
-    the packed one, in `work`. My block (`mine`: sendbuf, or in place its place in
-    `buf`) goes there first, every block to its own place at the end.
-    """
-    xp, rank, packed = array_module(buf), comm.Get_rank(), Blocks(blocks.counts)
-    xp.copyto(packed.view(work, rank), mine)
-    yield from algo(comm, work, packed)
-    for i in range(len(blocks)):
-        xp.copyto(blocks.view(buf, i), packed.view(work, i))
-
-
-def in_sequence(comm, tag: int | None, debug: bool, body, *args, persistent: bool = False,
-                **kwargs):
-    """``body(call, *args, **kwargs)`` for a new `Call`; its slot goes back if body raises.
-
-    A persistent call's start is over once it is planned; another's when it runs
-    (`Plan.run`, `Plan.start`)."""
-    call = Call(comm, tag, debug, persistent)
-    try:
-        plan = body(call, *args, **kwargs)
-    except BaseException as e:
-        call.failed(e)
-        call.started()
-        raise
-    if persistent:
-        call.started()
-    return plan
-
-
-def planned(body):
-    """``plan_*(comm, ..., tag=None, debug=False)`` from a body that takes a `Call` first."""
-
-    def plan(comm, *args, tag: int | None = None, debug: bool = False,
-             persistent: bool = False, **kwargs) -> Plan:
-        call = Call(comm, tag, debug, persistent)  # as in_sequence, one call less per collective
-        try:
-            plan = body(call, *args, **kwargs)
-        except BaseException as e:
-            call.failed(e)
-            call.started()
-            raise
-        if persistent:
-            call.started()
-        return plan
-
-    plan.__name__, plan.__doc__, plan.body = body.__name__, body.__doc__, body
-    return plan

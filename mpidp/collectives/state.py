@@ -53,7 +53,7 @@ class CommState:
         self.pool = ScratchPool()  # scratch of this communicator's collectives
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
         self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
-        self.placement = None  # the host of each rank, once learned (topology.placement)
+        self.placement = None  # the host of each rank, once learned (placement.placement)
         self.setups: dict = {}  # call signature -> what it determines (`plan.Call.setup`)
         self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
         self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)

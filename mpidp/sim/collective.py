@@ -15,7 +15,7 @@ import numpy as np
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.algorithms.ops import resolve_op
 from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
-from mpidp.collectives.plan import through_packed
+from mpidp.collectives.plans import through_packed
 
 from .engine import TIMEOUT, Sim
 

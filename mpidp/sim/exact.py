@@ -5,7 +5,7 @@
 
 `check_exact` runs the exact all-reduce (and reduce-scatter) of every algorithm on
 N simulated ranks, for every N in the range, and requires every rank's result to
-be bitwise the one-rank sum of the same addends (`exact.sum_parts`: all of them
+be bitwise the one-rank sum of the same addends (`api.sum_parts`: all of them
 as parts on one rank), for float64, float32 and float16 and every count shape;
 hard addends (cancellations, the whole exponent range, subnormals, inf and nan).
 It also spreads more addends than ranks unevenly (some ranks hold none) and asks
@@ -18,9 +18,9 @@ import numpy as np
 
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.algorithms.prerounding import grid
-from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
+from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER, sum_parts
 from mpidp.collectives.engine.staging import ScratchPool
-from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for, sum_parts
+from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for
 
 from .engine import Sim
 

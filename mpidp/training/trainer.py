@@ -15,7 +15,8 @@ data and what they measure; the rest is here, once:
 - `problems` finds, on rank 0, an output file that could not be written (`outputs`);
 - `resume` loads a checkpoint written with the same data order, or says why not;
 - `data_parallel` builds `DataParallel` from the flags; `Saver` writes checkpoints
-  (the ZeRO shards gathered first: a collective);
+  (the ZeRO shards gathered first: a collective); `end_step` is what follows each
+  optimizer step (watchdog, trace, replica check, checkpoint, the stop at `--max-steps`);
 - `Progress` is the bar on rank 0; `blas_threads` keeps BLAS to its share of cores.
 """
 
@@ -205,6 +206,27 @@ def finish(args: argparse.Namespace, ddp: DataParallel, tracer, comm, dog, rank:
               f"{python} -m mpidp.trace plot {args.trace} -o timeline.png)")
 
 
+def end_step(args: argparse.Namespace, ddp: DataParallel, dog, tracer, started: float,
+             save: Callable[[], None]) -> bool:
+    """What every trainer does once `ddp.step()` (begun at `started`) has returned.
+
+    The watchdog is kicked, the tracer gets the optimizer's span, `--debug` compares
+    the replicas (`DataParallel.check_replicas`), and `save()` writes the checkpoint
+    every `--checkpoint-every` steps and at the last one. True once `--max-steps`
+    steps are done.
+    """
+    dog.kick()
+    if tracer is not None:
+        tracer.add(args.optimizer, started, time.perf_counter(), "optimizer")
+    if args.debug:
+        ddp.check_replicas()
+    steps = ddp.optimizer.steps
+    stop = bool(args.max_steps) and steps >= args.max_steps
+    if stop or (args.checkpoint_every and steps % args.checkpoint_every == 0):
+        save()
+    return stop
+
+
 class Saver:
     """``save(epoch, step)``: the checkpoint of `ddp`'s model, written by rank 0 (collective)."""
 
@@ -246,7 +268,9 @@ class Progress:
 
 
 def blas_threads(n: int):
-    """One BLAS thread per rank: the ranks of a node share its cores (threadpoolctl is optional)."""
+    """Limit the BLAS thread pool to `n` threads (the ranks of a node share its cores): a
+    context manager, or applied at once if called alone. threadpoolctl (scikit-learn
+    brings it) is optional: without it, nothing is limited."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

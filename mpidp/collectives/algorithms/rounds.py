@@ -31,3 +31,8 @@ class Recv(NamedTuple):
 
 Round = list  # of Send and Recv
 Rounds = Generator[Round, None, None]
+
+
+def no_rounds() -> Rounds:
+    """A collective with nothing to exchange (count 0, or one rank in place)."""
+    yield from ()

@@ -12,7 +12,7 @@ wrapped communicator's (``Get_rank``, ``Send``, ``Barrier``, ``comm.rank``, ...)
 
 A call goes through three steps:
 
-    buffer spec  --parse-->  typed 1-D view of the user's memory  --api.plan_*-->  rounds
+    buffer spec  --parse-->  typed 1-D view of the user's memory  --plans.plan_*-->  rounds
     [x, 3, MPI.INT]          x[:3] as int32, no copy                 run(), or a Request
 
 1. Parse the buffer spec (`bufspec`) with mpi4py's rules (``message_simple`` and
@@ -23,7 +23,8 @@ A call goes through three steps:
    sendbuf) is per rank, as in MPI. The view shares memory with ``buf``, so the
    result lands in the user's buffer.
 2. Check counts and types as mpi4py does (``ValueError`` before any message).
-3. Hand the views to ``api.plan_*``, which takes the next tag of the wrapped
+3. Hand the views to ``plans.plan_*``, the plans `mpidp.allreduce` and the other
+   functions make (`plan.planned`), for the call that took the next tag of the wrapped
    communicator's sequence (`state`): collectives started through this Comm, through
    another wrapper of the same communicator or through the `mpidp` functions on it
    are numbered in one sequence, so any number may be in flight together. Keep your
@@ -37,11 +38,13 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from .. import api, cost
-from ..api import IN_PLACE
+from .. import cost, plans
+from ..algorithms import ALGORITHMS
+from ..checks import check_algorithm
 from ..engine.driver import Request
 from ..persistent import Persistent
-from ..plan import in_sequence
+from ..plan import planned
+from ..plans import IN_PLACE
 from ..state import state
 from . import parse
 
@@ -167,29 +170,29 @@ class Comm:
         """Every rank's `count`, by an mpidp all-gather (Reduce_scatter without recvcounts)."""
         counts = np.zeros(self.comm.Get_size(), dtype=np.int64)
         counts[self.comm.Get_rank()] = count
-        self._call(self._plan, api.plan_allgather, "allgather", None, IN_PLACE, counts).run()
+        self._call(self._plan, plans.plan_allgather, "allgather", None, IN_PLACE, counts).run()
         return counts.tolist()
 
     def _call(self, parse, *args, persistent: bool = False):
-        """``parse(call, *args)`` for the next collective of the sequence (`plan.in_sequence`).
+        """``parse(call, *args)`` for the next collective of the sequence (`plan.planned`,
+        as the functions' plans).
 
         The call takes its number before its arguments are parsed: one that raises
         has used it up, on this rank as on the others.
         """
-        return in_sequence(self.comm, None, self.debug, parse, *args, persistent=persistent)
+        return planned(parse, self.comm, *args, debug=self.debug, persistent=persistent)
 
     def _plan(self, call, plan, collective: str, algorithm, *args, **kwargs):
-        """``api.plan_<collective>``'s body, for `call`, with this Comm's algorithm."""
-        return plan.body(call, *args, algorithm=self._algorithm_for(collective, algorithm),
-                         **kwargs)
+        """``plans.plan_<collective>(call, ...)`` with this Comm's algorithm."""
+        return plan(call, *args, algorithm=self._algorithm_for(collective, algorithm), **kwargs)
 
     def _algorithm_for(self, collective: str, override) -> str:
         """The algorithm name for one call: a per-call override, else this Comm's setting."""
         if override is not None:
-            return override  # api checks it against ALGORITHMS[collective]
+            return override  # the plan checks it against ALGORITHMS[collective]
         if isinstance(self.algorithm, Mapping):
             return self.algorithm.get(collective, "auto")
-        names = api.ALGORITHMS.get(collective, ("auto",))
+        names = ALGORITHMS.get(collective, ("auto",))
         return self.algorithm if self.algorithm in names else "auto"
 
     # ------------------------------------------------------------ new communicators
@@ -276,12 +279,12 @@ def duplicate(comm, with_model: bool = True):
 def _check_algorithm(algorithm) -> None:
     """Raise ValueError for a name (or dict entry) that mpidp.ALGORITHMS does not list."""
     if isinstance(algorithm, str):
-        names = sorted({name for names in api.ALGORITHMS.values() for name in names})
+        names = sorted({name for names in ALGORITHMS.values() for name in names})
         if algorithm not in names:
             raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {names}, "
                              f"or a dict {{collective: name}} (see mpidp.ALGORITHMS)")
     elif isinstance(algorithm, Mapping):
         for collective, name in algorithm.items():
-            api.check_algorithm(collective, name)
+            check_algorithm(collective, name)
     else:
         raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")

@@ -35,7 +35,7 @@ class CountingComm:
 
     def __init__(self, comm, placement=None):
         """`placement`: the host of each rank, as the algorithms should see it (a test of
-        traffic across hosts on one machine); None: the wrapped comm's (`topology`)."""
+        traffic across hosts on one machine); None: the wrapped comm's (`placement`)."""
         self.comm = comm
         if placement is not None:
             self.placement = tuple(placement)

@@ -2,15 +2,15 @@
 
 Each function is one collective's: it turns the buffer specs into typed views
 (`bufspec`), makes mpi4py's own checks (its exception types, before any
-message), and returns the plan ``api.plan_<collective>`` makes of them, for the
+message), and returns the plan ``plans.plan_<collective>`` makes of them, for the
 `Call` that already holds the collective's number.
 """
 
 from __future__ import annotations
 
-from .. import api
-from ..api import IN_PLACE
+from .. import plans
 from ..checks import index, indices
+from ..plans import IN_PLACE
 from .bufspec import check_match, check_op, in_place, simple, vector
 
 
@@ -22,7 +22,7 @@ def allreduce(call, c, sendbuf, recvbuf, op, algorithm):
         send, scount = simple(sendbuf, "sendbuf")
         check_match(send, scount, recv, count)
     check_op(op, recvbuf, recv)
-    return c._plan(call, api.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
+    return c._plan(call, plans.plan_allreduce, "allreduce", algorithm, send, recv, op=op)
 
 
 def reduce_scatter_block(call, c, sendbuf, recvbuf, op, algorithm):
@@ -36,7 +36,7 @@ def reduce_scatter_block(call, c, sendbuf, recvbuf, op, algorithm):
         send, scount = simple(sendbuf, "sendbuf", blocks=n)
         check_match(send, scount, recv, count)
     check_op(op, recvbuf, recv)
-    return c._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+    return c._plan(call, plans.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                       op=op)
 
 
@@ -63,7 +63,7 @@ def reduce_scatter(call, c, sendbuf, recvbuf, recvcounts, op, algorithm):
     if send is not IN_PLACE and count != recvcounts[rank]:
         raise ValueError(f"mismatch in receive count {count} and "
                          f"recvcounts[{rank}] {recvcounts[rank]}")
-    return c._plan(call, api.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
+    return c._plan(call, plans.plan_reduce_scatter, "reduce_scatter", algorithm, send, recv,
                       recvcounts=recvcounts, op=op)
 
 
@@ -74,7 +74,7 @@ def allgather(call, c, sendbuf, recvbuf, algorithm):
     if not in_place(sendbuf):
         send, scount = simple(sendbuf, "sendbuf")
         check_match(send, scount, recv, count)
-    return c._plan(call, api.plan_allgather, "allgather", algorithm, send, recv)
+    return c._plan(call, plans.plan_allgather, "allgather", algorithm, send, recv)
 
 
 def allgatherv(call, c, sendbuf, recvbuf, algorithm):
@@ -85,7 +85,7 @@ def allgatherv(call, c, sendbuf, recvbuf, algorithm):
         send, scount = simple(sendbuf, "sendbuf")
         rank = c.comm.Get_rank()
         check_match(send, scount, recv, counts[rank], f"recvcounts[{rank}]")
-    return c._plan(call, api.plan_allgather, "allgather", algorithm, send, recv,
+    return c._plan(call, plans.plan_allgather, "allgather", algorithm, send, recv,
                       recvcounts=counts, displs=displs)
 
 
@@ -93,4 +93,4 @@ def bcast(call, c, buf, root, algorithm):
     """Bcast: buf is written everywhere but at the root."""
     root = index(root, "root")
     data, _ = simple(buf, "buf", writable=c.comm.Get_rank() != root)
-    return c._plan(call, api.plan_bcast, "bcast", algorithm, data, root=root)
+    return c._plan(call, plans.plan_bcast, "bcast", algorithm, data, root=root)

@@ -11,6 +11,10 @@ share cores a spinning rank takes the time its peers need.
 one: `TimeoutError` then, with the requests still in flight (their messages stay
 posted and may still complete). mpi4py's own ``MPI.Request.Waitall`` and its
 siblings take MPI requests only; these take both, mixed, in any order.
+
+One mpidp request completes by `Polled`'s `test` and `wait`, the methods that a
+`driver.Request` (the rounds of a generator) and a `replay.Replay` (a recorded run)
+share.
 """
 
 from __future__ import annotations
@@ -43,6 +47,98 @@ def timeout_from_env(default: float | None = None) -> float | None:
     """
     seconds = config.get("MPIDP_TIMEOUT")
     return default if seconds is None else seconds
+
+
+class Polled:
+    """What a collective in flight does on its own: `Request` (the rounds of a generator)
+    and `replay.Replay` (a recorded run) share it.
+
+    A subclass keeps ``_reqs`` (the MPI requests of the round in flight), ``done``,
+    ``_lock`` (a progress thread may test while the owner waits) and ``_active``,
+    and says in ``_advance`` what follows a complete round. Here: `test`, `wait`,
+    `wait_round` (a progress thread's), and mpi4py's spellings ``Test``/``Wait``,
+    which, as an MPI request becomes ``MPI.REQUEST_NULL`` once reported complete,
+    make it inactive: false as a bool, and skipped by Waitany and the like.
+    """
+
+    __slots__ = ()
+
+    def _check_failed(self) -> None:
+        """A collective whose own work raised (`error`) never completes: say so, again."""
+        if self.error is not None:
+            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
+                               "never complete") from self.error
+
+    def test(self) -> bool:
+        """Complete every round that is ready and post the next; True when all are done.
+
+        If another thread (a progress thread) is advancing this request right now,
+        return False at once instead of waiting for its reduction to finish.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            while not self.done:
+                if self._reqs and not MPI.Request.Testall(self._reqs):
+                    return False
+                self._advance()
+            return True
+        finally:
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the collective is complete; TimeoutError after `timeout` seconds
+        (None: ``MPIDP_TIMEOUT``, if set; else no limit).
+
+        After a timeout the collective is still in flight: its messages stay posted
+        and may yet complete (call `wait` again). A peer that never joins it leaves
+        the communicator unusable for mpidp's collectives: free it or end the job.
+        """
+        timeout = default_timeout() if timeout is None else timeout
+        if timeout is not None:
+            waitall([self], timeout)
+            return
+        with self._lock:
+            while not self.done:
+                if self._reqs:
+                    MPI.Request.Waitall(self._reqs)
+                self._advance()
+
+    def wait_round(self) -> bool:
+        """Block inside MPI (the GIL released) until the current round's messages are
+        done, then post the next round; True once the collective is complete.
+
+        What a progress thread calls: it sleeps in the MPI library instead of polling,
+        and other threads run Python meanwhile. If another thread is advancing this
+        request right now, return False at once (as `test`). It does not honour a
+        timeout: a peer that never joins keeps it blocked (use `wait` for that).
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.done:
+                if self._reqs:
+                    MPI.Request.Waitall(self._reqs)
+                self._advance()
+            return self.done
+        finally:
+            self._lock.release()
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Make progress without blocking; True when the collective is complete."""
+        if self.test():
+            self._active = False
+            return True
+        return False
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Block until the collective is complete; returns True, as mpi4py's does."""
+        self.wait()
+        self._active = False
+        return True
+
+    def __bool__(self) -> bool:
+        return self._active
 
 
 _UNSET = object()
@@ -88,9 +184,7 @@ def waitall(requests: Iterable, timeout: float | None = None) -> None:
 def likely_causes() -> str:
     """Why a collective may not complete, for a deadline's message: the agreement check is
     suggested only where it is off; where it is on, what it does not see."""
-    from ..checks import debug_enabled
-
-    if not debug_enabled():
+    if not config.debug_enabled():
         return ("a peer has not joined the collective, or ranks disagree on its arguments "
                 "(count, dtype, op, root, algorithm; MPIDP_DEBUG=1 checks them)")
     return ("a peer has not joined the collective. MPIDP_DEBUG is on, so ranks that disagree "

@@ -21,7 +21,7 @@ with the collective's tag:
   ``wait()`` drives it to the end.
 
 Either way the same algorithm loop runs: there is no second copy of it. Device
-buffers are the business of a `buffers.Stager`, which the plan hands over (or
+buffers are the business of a `staging.Stager`, which the plan hands over (or
 None: NumPy buffers need nothing).
 
 Completing many requests (`waitall` and the others, one policy for mpidp's
@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from ..algorithms.rounds import Recv, Round, Rounds, Send
 from . import completion
-from .completion import default_timeout, waitall
+from .completion import Polled, default_timeout, waitall
 from .staging import Stager, msg
 
 
@@ -108,7 +108,7 @@ class RequestError(MPI.Exception):
         return self.message
 
 
-class Request:
+class Request(Polled):
     """A collective in flight, with the methods of an mpi4py ``MPI.Request``.
 
     `test()` completes every round that is ready and posts the next; `wait()`
@@ -156,9 +156,7 @@ class Request:
 
     def _advance(self) -> None:
         """Finish the round, take the next one, post it."""
-        if self.error is not None:
-            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
-                               "never complete") from self.error
+        self._check_failed()
         try:
             if self._finish is not None:
                 self._finish()
@@ -193,77 +191,6 @@ class Request:
         if on_fail is not None:
             on_fail()
 
-    def test(self) -> bool:
-        """Complete every round that is ready and post the next; True when all are done.
-
-        If another thread (a progress thread) is advancing this request right now,
-        return False at once instead of waiting for its reduction to finish.
-        """
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            while not self.done:
-                if self._reqs and not MPI.Request.Testall(self._reqs):
-                    return False
-                self._advance()
-            return True
-        finally:
-            self._lock.release()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the collective is complete; TimeoutError after `timeout` seconds
-        (None: ``MPIDP_TIMEOUT``, if set; else no limit).
-
-        After a timeout the collective is still in flight: its messages stay posted
-        and may yet complete (call `wait` again). A peer that never joins it leaves
-        the communicator unusable for mpidp's collectives: free it or end the job.
-        """
-        timeout = default_timeout() if timeout is None else timeout
-        if timeout is not None:
-            waitall([self], timeout)
-            return
-        with self._lock:
-            while not self.done:
-                if self._reqs:
-                    MPI.Request.Waitall(self._reqs)
-                self._advance()
-
-    def wait_round(self) -> bool:
-        """Block inside MPI (the GIL released) until the current round's messages are
-        done, then post the next round; True once the collective is complete.
-
-        What a progress thread calls: it sleeps in the MPI library instead of polling,
-        and other threads run Python meanwhile. If another thread is advancing this
-        request right now, return False at once (as `test`). It does not honour a
-        timeout: a peer that never joins keeps it blocked (use `wait` for that).
-        """
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            if not self.done:
-                if self._reqs:
-                    MPI.Request.Waitall(self._reqs)
-                self._advance()
-            return self.done
-        finally:
-            self._lock.release()
-
-    # mpi4py's spellings, so that a Request stands where an MPI.Request is expected. As an
-    # MPI request becomes MPI.REQUEST_NULL once reported complete, this one then becomes
-    # inactive: false as a bool, and Waitany and the like skip it.
-    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Make progress without blocking; True when the collective is complete."""
-        if self.test():
-            self._active = False
-            return True
-        return False
-
-    def Wait(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        """Block until the collective is complete; returns True, as mpi4py's does."""
-        self.wait()
-        self._active = False
-        return True
-
     def Get_status(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
         """True if the collective is complete (it makes progress, like MPI's); stays active."""
         return self.test()
@@ -288,9 +215,6 @@ class Request:
                                "only when tested; Wait() for it, then free it")
         self._active = False
 
-    def __bool__(self) -> bool:
-        return self._active
-
     @staticmethod
     def Waitall(requests: Sequence, statuses=None) -> bool:  # noqa: N802
         """Complete every request, mpidp's and mpi4py's (`completion.waitall`)."""
@@ -311,4 +235,6 @@ class Request:
         return f"<mpidp.Request {'done' if self.done else 'pending'}, {self.rounds} rounds>"
 
 
-Handle = Request  # the name the documents used first; one class
+# `mpidp.Handle`: another name of the same class, as docs/dropin.md says (the design's
+# word for a driven generator; `Request` is mpi4py's)
+Handle = Request

@@ -14,7 +14,7 @@ on real data, and records what it did; every later start replays the record:
 
 What is recorded, in the order it happened: each round's messages (view, peer,
 send or receive), made once into MPI persistent requests (``comm.Recv_init`` /
-``comm.Send_init``, the plan's tag, receives first as `schedule.post` posts
+``comm.Send_init``, the plan's tag, receives first as `driver.post` posts
 them); and every reduction, through a `Recorder` that stands for the plan's
 `Op`: ``op(acc, tmp, src)`` as ``ufunc(src or acc, tmp, out=acc)`` and
 ``op.finish(block, n)`` as the division it does (AVG only). Both are still
@@ -32,7 +32,7 @@ Why it is safe, and only where `replayable` says so:
 - the algorithm writes the buffers only by receives and through `op` (`REPLAYABLE`).
   A direct write would not be recorded: `naive_allreduce` out of place
   (``buf[...] = src``), `direct_allreduce` (its own vector into the scratch) and
-  `plan.copy_rounds` (a copy before the rounds) keep the generator.
+  `plans.copy_rounds` (a copy before the rounds) keep the generator.
 
 Cost per start: the α of the rounds and the reductions, without the generator,
 the round lists and the per-message ``Isend``/``Irecv`` calls.
@@ -56,10 +56,9 @@ from ..algorithms.halving import (
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..algorithms.ops import Op
 from ..algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from ..algorithms.rounds import Recv, Rounds, Send
+from ..algorithms.rounds import Recv, Rounds, Send, no_rounds
 from ..algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
-from ..plan import Plan, no_rounds
-from .driver import Request
+from .completion import Polled
 from .staging import msg
 
 # the algorithms that write the buffers only by receives and through `op` (checked by
@@ -73,8 +72,9 @@ REPLAYABLE = {
 }
 
 
-def replayable(plan: Plan) -> bool:
-    """True if `plan`'s runs may be recorded once and replayed (see the module docstring)."""
+def replayable(plan) -> bool:
+    """True if the runs of `plan` (a `plan.Plan`: its comm, algorithm, arguments and
+    stager) may be recorded once and replayed (see the module docstring)."""
     if plan.stager is not None or not isinstance(plan.call.comm, MPI.Comm):
         return False
     if plan.algo is naive_allreduce:
@@ -100,7 +100,7 @@ class Recorder:
             self.log.append((np.true_divide, block, n, block))
 
 
-def recording(plan: Plan, log: list) -> Rounds:
+def recording(plan, log: list) -> Rounds:
     """The plan's rounds, each logged as it is yielded, its `Op` replaced by a `Recorder`."""
     args = tuple(Recorder(a, log) if isinstance(a, Op) else a for a in plan.args)
     for round_ in plan.algo(*args):
@@ -108,8 +108,11 @@ def recording(plan: Plan, log: list) -> Rounds:
         yield round_
 
 
-class Replay:
-    """A recorded run, started again and again; a request with `Request`'s methods.
+class Replay(Polled):
+    """A recorded run, started again and again: a request, as a `driver.Request` is.
+
+    Both are `completion.Polled` (the same test, wait, Test and Wait); here a round
+    is the recorded persistent requests, and what follows it the recorded reductions.
 
     Args:
         comm, tag: where the messages go (the persistent collective's tag).
@@ -136,7 +139,7 @@ class Replay:
         self.finish, self._lock = finish, threading.Lock()
         self._step, self._reqs = 0, []  # the round in flight, and its requests
         self._active, self.done = False, True  # inactive until started
-        self.error = None  # what a reduction of the current start raised (`Request`'s)
+        self.error = None  # what a reduction of the current start raised (as a `Request`'s)
         self.rounds, self.completed_at = 0, None
 
     def start(self) -> None:
@@ -174,17 +177,9 @@ class Replay:
 
     def _advance(self) -> None:
         """The round is complete: its reductions, then the next round."""
-        if self.error is not None:
-            raise RuntimeError(f"this collective failed earlier ({self.error!r}); it will "
-                               "never complete") from self.error
+        self._check_failed()
         self._reduce(self.steps[self._step][1])
         self._next()
-
-    # `schedule.Request`'s own: test and wait complete `_reqs`, the round in flight, and
-    # `_advance` to the next one (its test never blocks; its wait honours MPIDP_TIMEOUT);
-    # mpi4py's spellings mark the request inactive once reported complete
-    test, wait, wait_round = Request.test, Request.wait, Request.wait_round
-    Test, Wait, __bool__ = Request.Test, Request.Wait, Request.__bool__
 
     def free(self) -> None:
         """Free the MPI persistent requests (only when not active)."""
