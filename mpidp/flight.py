@@ -251,7 +251,10 @@ def _live(entry: list, frames) -> dict:
 
 def _entry(e: list, frames) -> dict:
     d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": e[FILE], "line": e[LINE],
-         "site": f"{e[FILE]}:{e[LINE]}", "t": e[T]}
+         "site": f"{e[FILE]}:{e[LINE]}", "t": e[T],
+         # an I-form's (and a persistent one's) entry holds its request from the start; a
+         # blocking call's only once its deadline passed (`fail`, from the driver's frame)
+         "blocking": e[REQUEST] is None or e[STATE] == TIMED_OUT}
     if e[SIGNED] is not None:
         d["collective"] = e[SIGNED].collective
         d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)
