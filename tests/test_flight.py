@@ -40,6 +40,7 @@ def test_each_call_is_recorded_with_its_signature_site_and_state(shared_dir):
     assert (calls[0]["count"], calls[0]["dtype"], calls[0]["op"], calls[0]["algorithm"]) == \
         (5, "float64", "sum", "ring")
     assert calls[1]["root"] == 0 and "root" in calls[2]["error"]
+    assert [c["blocking"] for c in calls[:2]] == [True, False]  # (the replay reads it)
     # a duplicate's id is its parent's and its place among the parent's duplicates
     ids = comm.allgather(state(comm).flight.comm_id)
     assert len(set(ids)) == 1 and ids[0].startswith("world.")
@@ -93,3 +94,25 @@ def test_mpidp_flight_0_records_nothing(monkeypatch):
     assert flight.recorder(MPI.COMM_SELF) is None
     monkeypatch.setenv("MPIDP_FLIGHT", "7")
     assert flight.recorder(MPI.COMM_SELF).calls.maxlen == 7
+
+
+def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
+    """The recorder tries the frame where the last call site was first (`Recorder.add`):
+    entry points of other depths, one after another, each still name the program's line."""
+    comm = MPI.COMM_SELF.Dup()
+    x, wrapped, lines = np.ones(2), mpidp.Comm(comm), []
+
+    def nested():
+        mpidp.allreduce(comm, MPI.IN_PLACE, x); return sys._getframe().f_lineno  # noqa: E702
+
+    for how in ("api", "Comm", "api", "nested", "Comm", "nested", "i", "api"):
+        if how == "api":
+            mpidp.allreduce(comm, MPI.IN_PLACE, x); lines.append(sys._getframe().f_lineno)  # noqa: E702
+        elif how == "Comm":
+            wrapped.Allreduce(MPI.IN_PLACE, x); lines.append(sys._getframe().f_lineno)  # noqa: E702
+        elif how == "nested":
+            lines.append(nested())
+        else:
+            wrapped.Iallreduce(MPI.IN_PLACE, x).Wait(); lines.append(sys._getframe().f_lineno)  # noqa: E702
+    assert [c["site"] for c in calls_of(comm)] == [f"{__file__}:{n}" for n in lines]
+    comm.Free()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import flight
-from ..flight import SIGNED, STARTED, STATE, TAG
+from ..flight import COMPLETE, ERROR, SIGNED, STARTED, STATE, TAG
 from .blocks import Blocks
 from .buffers import array_module, stager
 from .checks import agree, debug_enabled
@@ -150,9 +150,8 @@ class Call:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED,
-                                                            flight.PERSISTENT):
-            self.entry[STATE] = flight.COMPLETE  # (or failed while it ran: Request.error)
+        if self.entry is not None and self.entry[ERROR] is None:  # not failed nor timed out
+            self.entry[STATE] = COMPLETE  # (or failed while it ran: Request.error)
 
     def failed(self, e: BaseException) -> None:
         """Planning or running raised `e`: the slot goes back, the record says why."""
