@@ -13,9 +13,9 @@ import re
 import numpy as np
 import pytest
 
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.placement import layout
 from mpidp.collectives.state import CommState, signature
-from mpidp.collectives.topology import layout
 from mpidp.sim import COLLECTIVES, ScheduleError, Sim, SimComm, names
 from mpidp.sim.collective import rounds_of
 from mpidp.sim.sequence import EAGER, Collective, run_sequences

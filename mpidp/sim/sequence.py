@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import NamedTuple
 
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.algorithms.rounds import Recv, Send
 
 from . import deadline
 from .engine import TIMEOUT
