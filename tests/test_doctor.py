@@ -40,7 +40,7 @@ SCENARIOS = {
         mpidp.allreduce(comm, MPI.IN_PLACE, x) if rank != 2 else None  # <site>
         mpidp.bcast(comm, x, root=0)
     """, [], "different_collective", [2], 1),
-    "order": (3, """
+    "order": (2, """
         if rank == 1:
             mpidp.bcast(comm, x, root=0)
             mpidp.allreduce(comm, MPI.IN_PLACE, x)
@@ -48,7 +48,7 @@ SCENARIOS = {
             mpidp.allreduce(comm, MPI.IN_PLACE, x)  # <site>
             mpidp.bcast(comm, x, root=0)
     """, [], "different_collective", [1], 1),
-    "count": (5, """
+    "count": (7, """
         y = np.ones(7 if rank == 3 else 8)
         mpidp.allreduce(comm, MPI.IN_PLACE, y)  # <site>
     """, [], "arguments", [3], 1),
@@ -73,7 +73,7 @@ SCENARIOS = {
         mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
         mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
     """, [], "cycle", [2], 0),
-    "recv": (6, """
+    "recv": (8, """
         if rank == 4:
             comm.Recv(np.empty(1), source=0, tag=7)  # <site>
         mpidp.allreduce(comm, MPI.IN_PLACE, x)
