@@ -116,3 +116,29 @@ def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
             wrapped.Iallreduce(MPI.IN_PLACE, x).Wait(); lines.append(sys._getframe().f_lineno)  # noqa: E702
     assert [c["site"] for c in calls_of(comm)] == [f"{__file__}:{n}" for n in lines]
     comm.Free()
+
+
+def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, monkeypatch):
+    """The traceback goes to stderr through the launcher; where the launcher has gone
+    (Hydra's mpiexec after a rank was killed), printing first lost the record."""
+    from mpidp import watchdog
+
+    class Aborted(BaseException):
+        pass
+
+    def abort(message, code, comm):
+        raise Aborted(message)
+
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
+    for name, value in (("abort", abort), ("_exit_later", lambda code: None),
+                        ("_dumped", None), ("_raised", None)):
+        monkeypatch.setattr(watchdog, name, value)
+    monkeypatch.setattr(flight, "ending", False)
+    monkeypatch.setattr(flight, "ask_peers", lambda: None)
+    printed = []
+    monkeypatch.setattr(watchdog.traceback, "print_exception",
+                        lambda *a: printed.append(sorted(os.listdir(tmp_path))))
+    with pytest.raises(Aborted, match="prog.py failed: RuntimeError: x"):
+        watchdog._end_job(RuntimeError("x"), "prog.py", None)
+    assert printed == [["flight-rank-0.json"]]
+    assert watchdog._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other
