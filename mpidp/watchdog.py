@@ -186,9 +186,8 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     message = f"{what} failed: {type(e).__name__}: {_text(e, 'exception')}"
-    # The record first: the traceback goes to stderr through the launcher, and where the
-    # launcher has gone (Hydra's mpiexec returns once a rank is killed, even with
-    # -disable-auto-cleanup) printing raced the teardown, and the record was lost.
+    # The record first: the traceback goes to stderr through the launcher, which may be
+    # slow or gone (a rank killed), and the record must not wait for it.
     global _dumped
     _dumped = _flight_dump(message)
     try:  # its __str__ may raise: traceback copes; a closed stderr it does not

@@ -127,8 +127,8 @@ def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
 
 
 def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, monkeypatch):
-    """The traceback goes to stderr through the launcher; where the launcher has gone
-    (Hydra's mpiexec after a rank was killed), printing first lost the record."""
+    """The traceback goes to stderr through the launcher, which may be slow or gone: the
+    record is written first."""
     from mpidp import watchdog
 
     class Aborted(BaseException):
