@@ -84,9 +84,10 @@ def folder() -> str:
 SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
 _time = time.time
 _getframe = sys._getframe
-# where the last call site was: its depth above Recorder.add, its code and the code of
-# the frame below it (mpidp's), checked by identity (`Recorder.add`), found by `_walk`
-_last = (4, None, None)
+# where the last call site was: the depth above Recorder.add of the frame below it
+# (mpidp's), the site's code and that frame's, checked by identity (`Recorder.add`),
+# found by `_walk`
+_last = (3, None, None)
 
 
 def _walk():
@@ -96,7 +97,7 @@ def _walk():
     f = below.f_back
     while f.f_back is not None and f.f_code.co_filename.startswith(_HERE):
         below, f, depth = f, f.f_back, depth + 1
-    _last = (depth, f.f_code, below.f_code)
+    _last = (depth - 1, f.f_code, below.f_code)
     return f
 
 
@@ -126,10 +127,11 @@ def fail(entry: list, e: BaseException) -> None:
 class Recorder:
     """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
 
-    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "__weakref__")
+    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "append", "__weakref__")
 
     def __init__(self, base, k: int):
         self.calls: collections.deque = collections.deque(maxlen=k)
+        self.append = self.calls.append  # (bound once: `add` is on every call's path)
         self.comm_id, self.how, self.members = _identify(base)
         try:
             self.size, self.rank = base.Get_size(), base.Get_rank()
@@ -147,14 +149,15 @@ class Recorder:
         last site's (then the one below is mpidp's, and the site is not)."""
         depth, code, below_code = _last
         try:
-            below = _getframe(depth - 1)
+            below = _getframe(depth)
         except ValueError:  # not that many frames
             below = None
         f = None if below is None else below.f_back
         if f is None or f.f_code is not code or below.f_code is not below_code:
             f = _walk()
-        entry = [seq, f.f_code, f.f_lasti, _time(), PLANNED, None, None, None, None]
-        self.calls.append(entry)
+            code = f.f_code
+        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
+        self.append(entry)
         return entry
 
 
