@@ -37,7 +37,7 @@ endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table sim-page \
-        clean
+        overlap-hosts-doc clean
 
 setup: $(STAMP)
 
@@ -144,6 +144,12 @@ bench: $(STAMP)
 
 # `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.
+# docs/overlap.md's across-hosts and one-host tables and timeline picture, from the runs in
+# docs/bench/overlap-hosts (the commands that make them are on that page; they need root)
+overlap-hosts-doc: $(STAMP)
+	$(PY) -m mpidp.bench.overlap_hosts --data docs/bench/overlap-hosts --doc docs/overlap.md \
+	  --plot docs/bench/overlap-hosts/h2-1gbit-b512-r2.json docs/img/overlap-hosts-1gbit-b512.png
+
 zero-table: ZERO_RANKS ?= 1 2 3 4 5 6 7 8
 zero-table: $(STAMP)
 	mkdir -p docs/bench

@@ -175,6 +175,49 @@ def rank_fault(mode: str, logdir: str) -> None:
     sys.stderr.write(f"rank {rank}: loop ended without a fault\n")
 
 
+def rank_ddp() -> None:
+    """DataParallel across hosts, with its defaults and with every progress design forced
+    on, against one process on the global batch (computed here, on every rank)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpidp.training import MLP, SGD, DataParallel, softmax_cross_entropy
+
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    sizes, local, steps = [24, 32, 16, 5], 6, 3
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((steps, n * local, sizes[0]))  # (steps, global batch, D)
+    y = rng.integers(0, sizes[-1], (steps, n * local))
+
+    def trained(ddp_kw: dict | None) -> dict:
+        model = MLP(sizes, dtype="float64", seed=rank if ddp_kw is not None else 0)
+        opt = SGD(model.params, model.grads, lr=0.1, momentum=0.9)
+        ddp = None if ddp_kw is None else DataParallel(model, comm, **ddp_kw)
+        for t in range(steps):
+            mine = slice(rank * local, (rank + 1) * local) if ddp else slice(None)
+            front = ddp or model
+            _, d = softmax_cross_entropy(front.forward(x[t, mine]), y[t, mine])
+            front.backward(d)
+            opt.step()
+        if ddp is not None:
+            designs[repr(ddp_kw)] = (ddp.across, ddp.progress, len(ddp._pieces) > 0)
+            ddp.close()
+        return model.params
+
+    designs = {}
+    expect = trained(None)
+    for kw in ({}, {"bucket_mb": 0}, {"bucket_mb": 0, "piece_mb": 0.0005,
+                                       "progress_thread": "wait"},
+               {"bucket_mb": 0, "piece_mb": "auto", "progress_thread": "poll"}):
+        got = trained(kw)
+        for name in expect:
+            np.testing.assert_allclose(got[name], expect[name], rtol=1e-11, atol=1e-13,
+                                       err_msg=f"{kw} {name}")
+    if rank == 0:
+        print("DESIGNS " + json.dumps(designs), flush=True)
+
+
 # ---------------------------------------------------------------- the tests
 
 def _rank_argv(*args: str) -> list[str]:
@@ -214,6 +257,24 @@ def test_collectives_across_hosts_match_native_and_cross_the_links(hosts, ppn):
     for name, value in busbw.items():
         if name == "ring" or ppn == 1:
             assert value <= 1.15 * RATE_BPS, f"{name} busbw {value / 1e9:.3f} GB/s beats link"
+
+
+@needs_cluster
+@needs_hydra
+def test_data_parallel_across_hosts_equals_one_rank_with_its_defaults_and_every_design():
+    """3 hosts x 1 rank (a non-power of two, every exchange over a link): every progress
+    design equals one rank on the global batch; piece_mb="auto" sees the hosts."""
+    with cluster.Cluster(3, rate="1gbit") as c:
+        result = c.run(3, _rank_argv("ddp"), timeout=150, capture=True)
+    _clean()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    designs = json.loads(out.split("DESIGNS ", 1)[1].splitlines()[0])
+    assert designs["{}"] == [False, None, False], designs  # the default: plain overlap
+    assert designs["{'bucket_mb': 0, 'piece_mb': 'auto', 'progress_thread': 'poll'}"][:2] \
+        == [True, "poll"], designs
+    assert designs["{'bucket_mb': 0, 'piece_mb': 0.0005, 'progress_thread': 'wait'}"] == \
+        [False, "wait", True], designs
 
 
 def _wait_for(predicate, seconds: float) -> bool:
@@ -538,6 +599,8 @@ def test_a_bad_flag_is_a_usage_error_before_anything_is_built(argv, says, monkey
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         rank_collectives()
+    elif sys.argv[1] == "ddp":
+        rank_ddp()
     elif sys.argv[1] == "placed":
         rank_placed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "fault":

@@ -6,8 +6,8 @@ that `mpidp.ALGORITHMS` lists for the collective, read when the test runs. The
 user's buffers, send and receive, padding included, must come out identical.
 Data are small integers (in every dtype), so sums and products are exact and
 the order in which an algorithm combines them cannot change a bit. The body is
-tests/differential.py; here it sweeps dtypes, ops, counts and algorithms on 1-8
-ranks, and test_dropin.py sweeps the buffer kinds.
+tests/helpers/differential.py; here it sweeps dtypes, ops, counts and algorithms on 1-8
+ranks, and test_bufspec.py sweeps the buffer kinds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sys
 
 import numpy as np
 import pytest
-from differential import FORMS, Case, check_against_native, results, run_case
+from helpers.comms import NoCollectives
+from helpers.differential import FORMS, Case, check_against_native, results, run_case
 from mpi4py import MPI
 
 import mpidp
@@ -150,35 +151,6 @@ def test_many_nonblocking_collectives_in_flight(mpi_ranks):
 
 
 # ---------------------------------------------------------------- everything else is MPI's
-
-class NoCollectives:
-    """A communicator whose own collectives fail: proves mpidp.Comm never calls them."""
-
-    COLLECTIVES = {"Allreduce", "Iallreduce", "Reduce_scatter", "Ireduce_scatter",
-                   "Reduce_scatter_block", "Ireduce_scatter_block", "Allgather", "Iallgather",
-                   "Allgatherv", "Iallgatherv", "Bcast", "Ibcast", "Barrier", "Reduce",
-                   "Gather", "Alltoall", "allreduce", "allgather", "bcast"}
-
-    def __init__(self, comm):
-        self.comm = comm
-        self.tags = []  # the tag of every message sent or received
-
-    def __getattr__(self, name):
-        if name in self.COLLECTIVES:
-            raise AssertionError(f"mpidp.Comm called the wrapped comm's {name}")
-        return getattr(self.comm, name)
-
-    def Isend(self, buf, dest, tag=0):  # noqa: N802
-        self.tags.append(tag)
-        return self.comm.Isend(buf, dest, tag)
-
-    def Irecv(self, buf, source, tag):  # noqa: N802
-        self.tags.append(tag)
-        return self.comm.Irecv(buf, source, tag)
-
-    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
-        self.tags += [sendtag, recvtag]
-        return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
 
 
 @pytest.mark.mpi(ranks=[1, 4], timeout=120)

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -73,9 +74,13 @@ def assert_close(params, expected, what):
         np.testing.assert_allclose(params[name], expected[name], **TOL, err_msg=f"{what} {name}")
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=300)
 def test_equals_one_rank_for_every_algorithm_with_and_without_overlap(mpi_ranks):
-    comm = MPI.COMM_WORLD
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 5), equals_one_rank_for_every_algorithm_with_and_without_overlap)
+
+
+def equals_one_rank_for_every_algorithm_with_and_without_overlap(comm):
     expected = reference()
     for algorithm in mpidp.ALGORITHMS["allreduce"]:
         for overlap in (True, False):
@@ -84,11 +89,15 @@ def test_equals_one_rank_for_every_algorithm_with_and_without_overlap(mpi_ranks)
                 assert_close(params, expected, f"{algorithm} overlap={overlap} mb={bucket_mb}")
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=300)
 def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
-    comm = MPI.COMM_WORLD
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 5), gradient_accumulation_equals_one_batch_of_a_times_b)
+
+
+def gradient_accumulation_equals_one_batch_of_a_times_b(comm):
     expected = reference()
-    accums = [a for a in (2, 3, 4) if GLOBAL_BATCH % (mpi_ranks * a) == 0]
+    accums = [a for a in (2, 3, 4) if GLOBAL_BATCH % (comm.Get_size() * a) == 0]
     for accum in accums:
         for overlap in (True, False):
             params = train(comm, accum=accum, overlap=overlap, bucket_mb=0)
@@ -98,7 +107,7 @@ def test_gradient_accumulation_equals_one_batch_of_a_times_b(mpi_ranks):
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
 def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
     """The tests above to a tolerance, here bitwise: micro-shards of M = 2 samples on N
-    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_deterministic.py
+    ranks against the same micro-shards on MPI.COMM_SELF (tests/test_determinism.py
     crosses more settings)."""
     m, local = 2, GLOBAL_BATCH // mpi_ranks
     with threadpool_limits(1, user_api="blas"):
@@ -113,8 +122,57 @@ def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
 def test_progress_thread_gives_the_same_result(mpi_ranks):
-    assert_close(train(MPI.COMM_WORLD, bucket_mb=0, progress_thread=True), reference(),
-                 "progress thread")
+    expected = reference()
+    for thread in (True, "wait", "poll"):
+        assert_close(train(MPI.COMM_WORLD, bucket_mb=0, progress_thread=thread), expected,
+                     f"progress thread {thread}")
+
+
+PIECE_MB = 100 / 2**20  # 100 B: W1 (20 x 16 float64) in 20 pieces of one row each
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+def test_pieces_and_the_blocking_thread_equal_one_rank(mpi_ranks):
+    """The progress designs (pieces, the "wait" thread), with and without each other,
+    and with several layers per bucket: the 1-rank result on the global batch."""
+    comm = MPI.COMM_WORLD
+    expected = reference()
+    with DataParallel(MLP(SIZES, dtype="float64"), comm, bucket_mb=0,
+                      piece_mb=PIECE_MB) as ddp:  # the pieces are there to test
+        # one row of W1 (128 B), of W2 (96 B); two of W3 (40 B a row, 2.5 rounded down)
+        assert [len(ddp._pieces[b.index]) for b in ddp.buckets] == [6, 16, 20]
+        assert ddp.blocks == {1: list(range(1, 21)), 2: list(range(1, 17)),
+                              3: list(range(2, 13, 2))}
+    settings = [{"piece_mb": PIECE_MB}, {"piece_mb": PIECE_MB, "progress_thread": "wait"},
+                {"progress_thread": "wait"}, {"piece_mb": PIECE_MB, "pieces": False},
+                {"piece_mb": 3 * PIECE_MB, "bucket_mb": 25, "progress_thread": "wait"},
+                {"piece_mb": PIECE_MB, "overlap": False}]
+    for kw in settings:
+        params = train(comm, **{"bucket_mb": 0, **kw})
+        assert_close(params, expected, f"{kw}")
+    accums = [a for a in (2, 3) if GLOBAL_BATCH % (mpi_ranks * a) == 0]
+    for accum in accums:  # no_sync: pieces reduce the accumulated sum
+        assert_close(train(comm, accum=accum, bucket_mb=0, piece_mb=PIECE_MB,
+                           progress_thread="wait"), expected, f"accum={accum}")
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_the_default_is_plain_overlap_and_auto_pieces_only_across_hosts(mpi_ranks):
+    """No design measured hid more than it cost (docs/overlap.md): the default is no
+    thread, whole buckets; piece_mb="auto" cuts layers only where the comm spans hosts
+    (not these ranks), and deterministic mode never cuts a layer."""
+    comm = MPI.COMM_WORLD
+    with DataParallel(MLP(SIZES, dtype="float64"), comm) as ddp:
+        assert (ddp.across, ddp.progress, ddp.blocks, ddp._thread) == (False, None, None, None)
+    with DataParallel(MLP(SIZES, dtype="float64"), comm, piece_mb="auto") as ddp:
+        assert (ddp.across, ddp.blocks, ddp._pieces) == (False, None, {})
+    with threadpool_limits(1, user_api="blas"), DataParallel(
+            MLP(SIZES, dtype="float64"), comm, piece_mb=PIECE_MB, deterministic=True) as ddp:
+        assert ddp.blocks is None and ddp._pieces == {}
+    with pytest.raises(ValueError, match="piece_mb"):
+        DataParallel(MLP(SIZES), comm, piece_mb=0)
+    with pytest.raises(ValueError, match="progress_thread"):
+        DataParallel(MLP(SIZES), comm, progress_thread="spin")
 
 
 @pytest.mark.mpi(ranks=[3], timeout=60)
@@ -263,16 +321,17 @@ def test_buckets_make_progress_during_backward_not_only_at_the_end(mpi_ranks):
 @pytest.mark.mpi(ranks=[2], timeout=60)
 def test_the_progress_thread_completes_buckets_by_itself(mpi_ranks):
     comm = MPI.COMM_WORLD
-    model = MLP([32, 256, 256, 10], dtype="float64", seed=0)
-    with DataParallel(model, comm, bucket_mb=0, progress_thread=True,
-                      algorithm="ring") as ddp:
-        for b in ddp.buckets:
-            ddp._launch(b)  # what backward does; then this thread makes no MPI call
-        deadline = time.monotonic() + 5.0
-        while not all(b.request.done for b in ddp.buckets) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert all(b.request.done for b in ddp.buckets), "the progress thread did not poll"
-        comm.Barrier()
+    for thread, piece_mb in (("wait", None), ("poll", None), ("wait", 0.01)):
+        model = MLP([32, 256, 256, 10], dtype="float64", seed=0)
+        with DataParallel(model, comm, bucket_mb=0, progress_thread=thread,
+                          algorithm="ring", piece_mb=piece_mb) as ddp:
+            for b in ddp.buckets:
+                ddp._launch(b)  # what backward does; then this thread makes no MPI call
+            deadline = time.monotonic() + 5.0
+            while not all(b.request.done for b in ddp.buckets) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert all(b.request.done for b in ddp.buckets), f"the {thread} thread did not"
+            comm.Barrier()
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)

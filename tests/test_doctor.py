@@ -151,7 +151,7 @@ def _launch(base, names: list[str]) -> dict:
             stdin=subprocess.DEVNULL, stdout=open(base / f"{name}.out", "w"),
             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    out = {}
+    folders = {}
     for name, proc in procs.items():
         try:
             proc.wait(timeout=max(1, deadline - time.monotonic()))
@@ -166,11 +166,25 @@ def _launch(base, names: list[str]) -> dict:
                     time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(0.5)  # the last one's rename
-        doctor = [sys.executable, "-m", "mpidp.doctor", str(folder)]
-        j = subprocess.run([*doctor, "--json"], capture_output=True, text=True, cwd=base)
-        t = subprocess.run(doctor, capture_output=True, text=True, cwd=base)
-        out[name] = (folder, proc.returncode, err, j, t)
-    return out
+        folders[name] = (folder, proc.returncode, err)
+    # the doctor's runs (two per scenario, each a Python start-up) all at once, not in turn;
+    # their output to files (a pipe not read while the others run could fill and block)
+    doctors = {}
+    for name, (folder, _, _) in folders.items():
+        for form in (("--json",), ()):
+            files = [open(base / f"{name}{''.join(form)}.doctor.{s}", "w+") for s in "12"]
+            doctors[name, form] = files, subprocess.Popen(
+                [sys.executable, "-m", "mpidp.doctor", str(folder), *form], cwd=base,
+                text=True, stdout=files[0], stderr=files[1])
+    done = {}
+    for key, (files, doctor) in doctors.items():
+        doctor.wait(timeout=120)
+        stdout, stderr = (f.seek(0) or f.read() for f in files)
+        for f in files:
+            f.close()
+        done[key] = subprocess.CompletedProcess(doctor.args, doctor.returncode, stdout, stderr)
+    return {name: (*folders[name], done[name, ("--json",)], done[name, ()])
+            for name in folders}
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -290,10 +291,17 @@ def _check_all_forms(comm, count, dtype, seed, forms=True):
         assert np.all(np.abs(native - want) <= bound)
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 5, 8], timeout=240)
+# Each test is one launch: its rank counts are communicators of that size split off its
+# ranks (tests/helpers/subcomms.py), not a launch each.
+
+
+@pytest.mark.mpi(ranks=[8], timeout=480)
 def test_mpi_every_form_and_algorithm_equals_one_rank(mpi_ranks):
+    on_each_size((1, 2, 3, 5, 8), every_form_and_algorithm_equals_one_rank)
+
+
+def every_form_and_algorithm_equals_one_rank(comm):
     """Counts 0, 1, < N, not divisible, divisible; every form at one of them."""
-    comm = MPI.COMM_WORLD
     cost.set_model(comm, *cost.DEFAULT)  # "auto" without calibrating (seconds under load)
     N = comm.Get_size()
     for i, count in enumerate((0, 1, max(N - 1, 1), 2 * N + 1, 64 * N)):
@@ -306,10 +314,13 @@ def test_mpi_every_form_and_algorithm_equals_one_rank(mpi_ranks):
     assert np.array_equal(yi, zi)
 
 
-@pytest.mark.mpi(ranks=[1, 2, 4, 7], timeout=120)
+@pytest.mark.mpi(ranks=[7], timeout=240)
 def test_mpi_parts_spread_unevenly(mpi_ranks):
+    on_each_size((1, 2, 4, 7), parts_spread_unevenly)
+
+
+def parts_spread_unevenly(comm):
     """Rank r holds r addends (rank 0 none), or all are on the last rank: the same bits."""
-    comm = MPI.COMM_WORLD
     cost.set_model(comm, *cost.DEFAULT)
     N, r = comm.Get_size(), comm.Get_rank()
     total = N * (N - 1) // 2 or 1
@@ -326,11 +337,14 @@ def test_mpi_parts_spread_unevenly(mpi_ranks):
         assert same_bits(out, want)
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=180)
 def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
+    on_each_size((2, 3, 4), bytes_per_rank)
+
+
+def bytes_per_rank(comm):
     """The ring moves 2(N-1)/N of each pass: codes (2 B, 1 B per item) and words (16 B, 8 B),
     2.25 times SUM's bytes; N = 2 (two addends, one addition): SUM's bytes."""
-    comm = MPI.COMM_WORLD
     N = comm.Get_size()
     count = 40 * N
     for dtype, code, words in ((np.float64, 2, 16), (np.float32, 1, 8)):

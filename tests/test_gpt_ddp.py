@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 from mpidp.training import GPT, MLP, AdamW, DataParallel, ShardSampler
@@ -111,15 +112,20 @@ CASES = [  # pairwise: each of zero x overlap x accum x buckets appears with eac
 ]
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=180)
+@pytest.mark.mpi(ranks=[4], timeout=360)
 def test_gpt_on_n_ranks_equals_one_rank_on_the_global_batch(mpi_ranks):
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
     expected = reference()
-    for case in CASES:
-        kw = dict(case)
-        params = train(MPI.COMM_WORLD, accum=kw.pop("accum"), **kw)
-        for name in expected:
-            np.testing.assert_allclose(params[name], expected[name], **TOL,
-                                       err_msg=f"{case} {name}")
+
+    def check(comm):
+        for case in CASES:
+            kw = dict(case)
+            params = train(comm, accum=kw.pop("accum"), **kw)
+            for name in expected:
+                np.testing.assert_allclose(params[name], expected[name], **TOL,
+                                           err_msg=f"N={comm.Get_size()} {case} {name}")
+
+    on_each_size(range(1, 5), check)
 
 
 @pytest.mark.mpi(ranks=[3], timeout=120)

@@ -1,101 +1,31 @@
-"""Recursive halving / doubling, Rabenseifner, the fold, the trees, direct: checked against MPI.
+"""Recursive halving / doubling, Rabenseifner and the fold: checked against MPI.
 
 Every multi-rank test runs for N = 1..8 (powers of two and not) and loops over
-ops × dtypes × counts inside one launch. Inputs are small integers, stored in
-whatever dtype is tested, so sums, products and averages are exact in every
-summation order and results must equal MPI's bit for bit; one random-float
-case checks the tolerance that summation order allows.
+ops × dtypes × counts inside one launch (the sweeps are tests/helpers/sweeps.py's,
+which test_tree.py and test_direct.py run for the trees and direct). Inputs are
+small integers, stored in whatever dtype is tested, so sums, products and averages
+are exact in every summation order and results must equal MPI's bit for bit; one
+random-float case checks the tolerance that summation order allows.
 """
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-from oracle import (
-    DTYPES,
-    OPS,
-    assert_same,
-    make_input,
-    native_allreduce,
-    native_reduce_scatter,
-    valid,
+from helpers.oracle import DTYPES, assert_same, make_input, native_reduce_scatter
+from helpers.sweeps import (
+    LARGE,
+    check_allreduce_matches_mpi_bit_for_bit,
+    check_allreduce_random_floats_agree_across_ranks,
+    dtype_ops,
+    traffic,
 )
-from oracle import counts_for as oracle_counts
+from mpi4py import MPI
 
-from mpidp.collectives import CountingComm, api, waitall
+from mpidp.collectives import api, waitall
 from mpidp.collectives.algorithms.halving import fold
 
 RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
-ALLREDUCE_ALGOS = ("rabenseifner", "recursive_doubling", "naive", "direct")
-LARGE = (4, 7)  # the 1 Mi-item cases run at these N only (one power of two, one not)
-
-
-def counts_for(n: int) -> list[int]:
-    """The oracle's count shapes (0, 1, < N, N, not divisible by N, a prime), and 101."""
-    return sorted({*oracle_counts(n), 101})
-
-
-def dtype_ops():
-    """Every (dtype, op) that MPI defines (the oracle's: logical and bitwise ops too)."""
-    for dtype in DTYPES:
-        for op in OPS:
-            if valid(op, dtype):
-                yield dtype, op
-
-
-def combos(n):
-    """(dtype, op, count) for every (dtype, op); the counts rotate, each used a dozen times."""
-    counts = counts_for(n)
-    for i, (dtype, op) in enumerate(dtype_ops()):
-        for count in counts[i % 3 :: 3]:
-            yield dtype, op, count
-
-
-def same_on_every_rank(comm, y) -> bool:
-    rows = np.empty((comm.Get_size(), y.nbytes), np.uint8)
-    comm.Allgather(y.view(np.uint8), rows)
-    return bool((rows == rows[0]).all())
-
-
-def check_allreduce_matches_mpi_bit_for_bit(comm):
-    for dtype, op, count in combos(comm.Get_size()):
-        x = make_input(op, dtype, count, comm.Get_rank(), seed=100)
-        ref = native_allreduce(comm, x, op)
-        for algo in ALLREDUCE_ALGOS:
-            y = np.full_like(x, 7)
-            api.allreduce(comm, x, y, op, algorithm=algo)
-            assert_same(y, ref, f"{algo} {dtype} {op} count={count}")
-            if dtype != "float64":
-                continue
-            inplace = x.copy()
-            api.allreduce(comm, api.IN_PLACE, inplace, op, algorithm=algo)
-            assert_same(inplace, ref, f"{algo} {dtype} {op} count={count} in place")
-
-
-def check_allreduce_random_floats_agree_across_ranks(comm):
-    """Rounding differs from MPI's by summation order only, and every rank gets the same bits."""
-    n = comm.Get_size()
-    rng = np.random.default_rng(7 + comm.Get_rank())
-    for count in (n + 1, 1000, 1 << 20) if n in LARGE else (n + 1, 1000):  # 1 Mi items: 8 MiB
-        x = rng.standard_normal(count)
-        ref = native_allreduce(comm, x, "sum")
-        bound = np.empty_like(x)
-        comm.Allreduce(np.abs(x), bound)
-        for algo in ALLREDUCE_ALGOS if count < 1 << 20 else ("rabenseifner",):
-            for op in ("sum", "avg"):
-                y = np.empty_like(x)
-                api.allreduce(comm, x, y, op, algorithm=algo)
-                # n terms summed in any order: error <= (n-1)·eps·sum|x|
-                scale = 1.0 / n if op == "avg" else 1.0
-                assert np.all(np.abs(y - ref * scale) <= n * 2.3e-16 * bound * scale), algo
-                assert same_on_every_rank(comm, y), (algo, op, count)
-    if n not in LARGE:
-        return
-    big = rng.integers(-3, 3, 1 << 20).astype(np.int32)  # large, exact: every algorithm
-    ref = native_allreduce(comm, big, "sum")
-    for algo in ALLREDUCE_ALGOS:
-        y = np.empty_like(big)
-        api.allreduce(comm, big, y, algorithm=algo)
-        assert np.array_equal(y, ref), algo
+HALVING = ("rabenseifner", "recursive_doubling")  # the all-reduces of this file
+ALLREDUCE_ALGOS = (*HALVING, "naive", "direct")  # all in flight together: the I-forms' check
 
 
 def check_reduce_scatter_matches_mpi(comm):
@@ -152,19 +82,6 @@ def check_allgather_matches_mpi(comm):
     assert np.array_equal(out, ref)
 
 
-def check_bcast_from_every_root(comm):
-    n, rank = comm.Get_size(), comm.Get_rank()
-    for algo in ("binomial", "scatter_allgather"):
-        for dtype in (np.uint8, np.float64):
-            large = dtype is np.float64 and n in LARGE
-            for count in [*counts_for(n), 1 << 20] if large else counts_for(n):
-                for root in range(n) if count < 1 << 20 else (n - 1,):
-                    want = (np.arange(count) * (root + 1)).astype(dtype)
-                    buf = want.copy() if rank == root else np.zeros(count, dtype)
-                    api.bcast(comm, buf, root, algorithm=algo)
-                    assert np.array_equal(buf, want), (algo, dtype, count, root)
-
-
 def check_nonblocking_forms_run_concurrently(comm):
     """Every algorithm is a schedule, so I-forms come free; several can be in flight at once."""
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -191,13 +108,6 @@ def check_nonblocking_forms_run_concurrently(comm):
 
 # ------------------------------------------------------------- volume and rounds
 
-def traffic(comm, start):
-    """Run a nonblocking collective through a CountingComm: (bytes sent, rounds) of this rank."""
-    counter = CountingComm(comm)
-    handle = start(counter)
-    handle.wait()
-    return counter.bytes_sent, handle.rounds
-
 
 def check_volume_and_rounds_match_the_docstrings(comm):
     """Bytes sent per rank (G = the vector's bytes, b = one rank's block, q = 2^floor(log2 N)):
@@ -213,7 +123,7 @@ def check_volume_and_rounds_match_the_docstrings(comm):
                      G/2 + G, the even one G; rounds 2 log2 q, 2 log2 q + 3, and 3.
     rec. doubling:   G log2 q; the odd rank of a pair also G, the even one G;
                      rounds log2 q, log2 q + 2, and 2.
-    direct:          G(N-1) sent and G(N-1) received, in one round.
+    (direct: test_direct.py; the trees: test_tree.py.)
     """
     n, rank = comm.Get_size(), comm.Get_rank()
     q, r = fold(n)
@@ -265,26 +175,6 @@ def check_volume_and_rounds_match_the_docstrings(comm):
     assert int(total[0]) == r * b + (q - 1) * G + r * G
     assert rounds == (2 if idle else k + 2 if folded else k)
 
-    # direct: the whole vector to and from every other rank, in one round
-    counter = CountingComm(comm)
-    handle = api.iallreduce(counter, x, np.empty_like(x), algorithm="direct")
-    handle.wait()
-    assert counter.bytes_sent == counter.bytes_received == G * (n - 1)
-    assert handle.rounds == (1 if n > 1 else 0)
-
-    # naive: a leaf sends G once in the reduce; rank 0 sends G to each of its L children
-    L = (n - 1).bit_length()
-    sent, rounds = traffic(comm, lambda c: api.iallreduce(c, x, np.empty_like(x),
-                                                          algorithm="naive"))
-    if rank == 0:
-        assert sent == L * G
-
-    # scatter + all-gather broadcast: the root sends G·(n-1)/n in the scatter, + a block
-    sent, rounds = traffic(comm, lambda c: api.ibcast(c, x.copy(), 0,
-                                                      algorithm="scatter_allgather"))
-    if rank == 0 and n > 1:
-        assert sent == G * (n - 1) // n + (n - 1) * b
-
 
 @pytest.mark.mpi(ranks=[2], timeout=60)
 def test_unknown_algorithm_is_refused(mpi_ranks):
@@ -297,15 +187,14 @@ def test_unknown_algorithm_is_refused(mpi_ranks):
 
 @pytest.mark.mpi(ranks=RANKS, timeout=300)
 def test_allreduce_matches_mpi(mpi_ranks):
-    check_allreduce_matches_mpi_bit_for_bit(MPI.COMM_WORLD)
-    check_allreduce_random_floats_agree_across_ranks(MPI.COMM_WORLD)
+    check_allreduce_matches_mpi_bit_for_bit(MPI.COMM_WORLD, HALVING)
+    check_allreduce_random_floats_agree_across_ranks(MPI.COMM_WORLD, HALVING)
 
 
 @pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_reduce_scatter_allgather_bcast_match_mpi(mpi_ranks):
+def test_reduce_scatter_allgather_match_mpi(mpi_ranks):
     check_reduce_scatter_matches_mpi(MPI.COMM_WORLD)
     check_allgather_matches_mpi(MPI.COMM_WORLD)
-    check_bcast_from_every_root(MPI.COMM_WORLD)
 
 
 @pytest.mark.mpi(ranks=RANKS, timeout=300)

@@ -6,12 +6,14 @@ A rank's layout is its own business: what travels must depend on the counts
 alone. Here every rank draws its layout from a different family (packed, gaps,
 reversed, shuffled, touching but out of order, one gap only), the results are
 compared with the MPI library's own Allgatherv on the same inputs and the same
-per-rank layouts, through every entry point and every algorithm; the simulator
-runs the same for N up to 64.
+per-rank layouts, through every entry point and every algorithm, for N = 2..8 in one
+launch of 8 ranks (a communicator of each size: tests/helpers/subcomms.py); the
+simulator runs the same for N up to 64.
 """
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -81,9 +83,9 @@ def run_mpidp(comm, entry: str, algorithm: str, mine, recv, counts, displs) -> N
         req.Free()
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4, 5, 6, 7, 8], timeout=90)
-def test_allgatherv_per_rank_layouts_match_mpi():
-    comm = MPI.COMM_WORLD
+def per_rank_layouts_against_mpi(comm) -> list[str]:
+    """Every count set, entry point and algorithm on `comm`: what went wrong, on any rank
+    (every rank reports: a wrong rank's neighbours may have been right)."""
     n, rank = comm.Get_size(), comm.Get_rank()
     cost.set_model(comm, *cost.DEFAULT)  # auto without calibrating (seconds under load)
     failures, case = [], 0
@@ -102,10 +104,17 @@ def test_allgatherv_per_rank_layouts_match_mpi():
                 run_mpidp(comm, entry, algorithm, mine, got, counts, displs)
                 if not np.array_equal(got, want):
                     failures.append(f"counts {counts} ({kind} here) {algorithm} {entry}")
-    # every rank reports: a wrong rank's neighbours may have been right
     everyone = comm.allgather(failures)
-    bad = [f"rank {r}: {f}" for r, fs in enumerate(everyone) for f in fs[:3]]
-    assert not bad, "\n".join(bad)
+    return [f"N={n} rank {r}: {f}" for r, fs in enumerate(everyone) for f in fs[:3]]
+
+
+@pytest.mark.mpi(ranks=[8], timeout=450)
+def test_allgatherv_per_rank_layouts_match_mpi(mpi_ranks):
+    def check(comm):
+        bad = per_rank_layouts_against_mpi(comm)
+        assert not bad, "\n".join(bad)
+
+    on_each_size(range(2, 9), check)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS["allgather"][:-1])

@@ -93,3 +93,38 @@ def test_sgd_momentum_and_weight_decay_follow_the_pytorch_rule():
         p = p - 0.1 * v
         opt.step()
     np.testing.assert_allclose(params["w"], p, rtol=1e-15)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_in_row_blocks_equals_the_whole_and_reports_each_block(accumulate):
+    """`blocks` cuts each layer's products (dW by rows of W, dx by rows of the batch):
+    the gradients are those of the uncut backward (the finite-difference test above),
+    and on_rows says which rows are written, in order, before the layer's on_grad."""
+    rng = np.random.default_rng(4)
+    model = MLP([9, 7, 6, 3], dtype="float64", seed=1)
+    x, y = rng.standard_normal((11, 9)), rng.integers(0, 3, 11)  # (B, D), (B,)
+    start = {k: rng.standard_normal(g.shape) for k, g in model.grads.items()}
+    for k, g in model.grads.items():
+        g[...] = start[k]
+    _, d = softmax_cross_entropy(model.forward(x), y)
+    model.backward(d, accumulate=accumulate)
+    whole = {k: g.copy() for k, g in model.grads.items()}
+    for k, g in model.grads.items():
+        g[...] = start[k]
+    events = []
+
+    def on_rows(i, stop):
+        events.append((i, stop))
+        if stop is not None:  # rows [0, stop) and the bias are final already
+            np.testing.assert_allclose(model.grads[f"W{i}"][:stop], whole[f"W{i}"][:stop],
+                                       rtol=1e-14, atol=1e-15)
+            np.testing.assert_allclose(model.grads[f"b{i}"], whole[f"b{i}"], rtol=1e-14)
+
+    model.forward(x)
+    blocks = {1: [2, 5, 9], 2: [7], 3: [1, 2, 3, 4, 5, 6]}  # uneven, whole, one row each
+    model.backward(d, on_grad=lambda i: events.append(("grad", i)), accumulate=accumulate,
+                   blocks=blocks, on_rows=on_rows)
+    for k in whole:
+        np.testing.assert_allclose(model.grads[k], whole[k], rtol=1e-14, atol=1e-15, err_msg=k)
+    assert events == [(3, s) for s in blocks[3]] + [(3, None)] * 5 + [("grad", 3), (2, 7),
+                      ("grad", 2)] + [(1, s) for s in blocks[1]] + [("grad", 1)]

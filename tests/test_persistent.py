@@ -7,8 +7,7 @@ library's own on the same inputs, for every algorithm and every count shape.
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-from oracle import (
+from helpers.oracle import (
     assert_same,
     counts_for,
     make_input,
@@ -16,6 +15,7 @@ from oracle import (
     native_allreduce,
     native_reduce_scatter,
 )
+from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives import state

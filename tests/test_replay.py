@@ -8,8 +8,8 @@ plan is replayable the test checks that the replay, not the generator, ran.
 
 import numpy as np
 import pytest
+from helpers.oracle import assert_same, counts_for, make_input, native_allreduce
 from mpi4py import MPI
-from oracle import assert_same, counts_for, make_input, native_allreduce
 
 import mpidp
 from mpidp.collectives.dropin.counting import CountingComm

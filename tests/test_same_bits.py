@@ -10,13 +10,14 @@ same order on each (the lower rank's operand first), or once and copied.
 The inputs hold all of these; every rank's result bytes are gathered to every
 rank and compared, for every algorithm (`mpidp.ALGORITHMS["allreduce"]`, the
 folds of N not a power of two, two hosts for the placement-aware ones), in place
-and out of place, and through a persistent all-reduce's replayed starts. The
-simulator does the same for N up to 64.
+and out of place, and through a persistent all-reduce's replayed starts, for
+N = 2..8 in one launch of 8 ranks (a communicator of each size:
+tests/helpers/subcomms.py). The simulator does the same for N up to 64.
 """
 
 import numpy as np
 import pytest
-from mpi4py import MPI
+from helpers.subcomms import on_each_size
 
 import mpidp
 from mpidp.collectives import CountingComm, cost
@@ -62,9 +63,9 @@ def gathered(comm, y) -> np.ndarray:
     return rows
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4, 5, 6, 7, 8], timeout=90)
-def test_every_allreduce_gives_every_rank_the_same_bits():
-    comm = MPI.COMM_WORLD
+def same_bits_on_every_rank(comm) -> list[str]:
+    """Every algorithm, op, dtype and count shape on `comm` (one host, and two for the
+    placement-aware ones): the cases where some rank's bits differ from rank 0's."""
     n, rank = comm.Get_size(), comm.Get_rank()
     cost.set_model(comm, *cost.DEFAULT)  # auto without calibrating (seconds under load)
     two_hosts = CountingComm(comm, placement=layout(n, ppn=(n + 1) // 2))
@@ -88,14 +89,21 @@ def test_every_allreduce_gives_every_rank_the_same_bits():
                     bad.append(f"{algorithm} ({where}) {op} {dtype} count {count}: ranks "
                                f"{[r for r in range(n) if (rows[r] != rows[0]).any()]} "
                                "differ from rank 0")
-    assert not bad, "\n".join(bad[:10])
+    return [f"N={n}: {b}" for b in bad]
 
 
-@pytest.mark.mpi(ranks=[2, 5, 8], timeout=90)
-def test_replayed_persistent_allreduce_keeps_the_order():
+@pytest.mark.mpi(ranks=[8], timeout=450)
+def test_every_allreduce_gives_every_rank_the_same_bits(mpi_ranks):
+    def check(comm):
+        bad = same_bits_on_every_rank(comm)
+        assert not bad, "\n".join(bad[:10])
+
+    on_each_size(range(2, 9), check)
+
+
+def replayed_keeps_the_order(comm) -> list[str]:
     """A persistent all-reduce replays its first run's reductions: the same bits every start,
     on every rank, as the blocking call's."""
-    comm = MPI.COMM_WORLD
     cost.set_model(comm, *cost.DEFAULT)
     bad = []
     for algorithm in ALGORITHMS["allreduce"]:
@@ -111,9 +119,18 @@ def test_replayed_persistent_allreduce_keeps_the_order():
                 req.Wait()
                 rows = gathered(comm, y)
                 if not (rows == rows[0]).all() or y.tobytes() != once.tobytes():
-                    bad.append(f"{algorithm} {op} start {start}")
+                    bad.append(f"N={comm.Get_size()}: {algorithm} {op} start {start}")
             req.Free()
-    assert not bad, bad
+    return bad
+
+
+@pytest.mark.mpi(ranks=[8], timeout=240)
+def test_replayed_persistent_allreduce_keeps_the_order(mpi_ranks):
+    def check(comm):
+        bad = replayed_keeps_the_order(comm)
+        assert not bad, bad
+
+    on_each_size((2, 5, 8), check)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS["allreduce"][:-1])

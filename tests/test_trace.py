@@ -111,7 +111,7 @@ def three_steps(path):
 
 
 def test_the_timeline_keys_the_kinds_it_draws_off_the_bars(tmp_path, monkeypatch):
-    from plots import drawn, problems
+    from helpers.plots import drawn, problems
 
     path = str(tmp_path / "run.json")
     three_steps(path)

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -27,6 +28,7 @@ from mpidp.training import (
     softmax_cross_entropy,
 )
 from mpidp.training.memory import StepPeak, formula_bytes, model_state_bytes
+from mpidp.training.reducers import ReduceScatter
 
 SIZES = [20, 16, 12, 5]  # 3 layers, P = 617: buckets straddle the shards of every N
 EPOCHS = 2  # 2 steps per epoch, 4 steps in all
@@ -82,7 +84,7 @@ def train(comm, kind: str, zero: int, accum: int = 1, gb: int | None = None, **d
                         ddp.backward(dlogits if ddp.deterministic else dlogits / accum)
                 ddp.step()
                 if ddp_kw.get("prefetch"):  # left running into the next forward
-                    assert ddp._gathers
+                    assert ddp.reducer.inflight()
                 else:
                     ddp.check_replicas()  # bitwise identical on every rank, every step
         ddp.check_replicas()
@@ -103,16 +105,21 @@ CONFIGS = [  # (accum, DataParallel keywords); each stage runs each
 ]
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5], timeout=240)
-def test_every_stage_equals_one_rank_on_the_global_batch(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def every_stage_equals_one_rank(comm):
+    n = comm.Get_size()
     for kind in ("sgd", "adam"):
-        expected = reference(kind, mpi_ranks)
+        expected = reference(kind, n)
         for zero, (accum, kw) in itertools.product((0, 1, 2), CONFIGS):
             kw = {k: v for k, v in kw.items() if zero or k != "prefetch"}
             assert_close(train(comm, kind, zero, accum, **kw), expected,
                          f"{kind} zero={zero} accum={accum} {kw}")
-    assert_close(train(comm, "adamw", 2, bucket_mb=0), reference("adamw", mpi_ranks), "adamw")
+    assert_close(train(comm, "adamw", 2, bucket_mb=0), reference("adamw", n), "adamw")
+
+
+@pytest.mark.mpi(ranks=[5], timeout=600)
+def test_every_stage_equals_one_rank_on_the_global_batch(mpi_ranks):
+    """N = 1..5 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 6), every_stage_equals_one_rank)
 
 
 @pytest.mark.mpi(ranks=[3, 5], timeout=180)
@@ -180,11 +187,16 @@ def one_step_bytes(comm, sizes, zero, algorithm, bucket_mb) -> int:
     return comm.bytes_sent
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6], timeout=120)
+@pytest.mark.mpi(ranks=[6], timeout=300)
 def test_sharded_steps_send_the_bytes_of_plain_data_parallelism(mpi_ranks, no_debug_check):
+    """N = 1..6 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 7), sharded_steps_send_the_bytes_of_plain_data_parallelism)
+
+
+def sharded_steps_send_the_bytes_of_plain_data_parallelism(world):
     """Reduce-scatter + all-gather of parameters = all-reduce of gradients: 2·G·(N-1)/N."""
-    comm = mpidp.CountingComm(MPI.COMM_WORLD)
-    n = mpi_ranks
+    comm = mpidp.CountingComm(world)
+    n = world.Get_size()
     even = [5, 13, 3]  # P = 120 parameters, divisible by 1..6; buckets of 42 and 78
     G = 120 * 4
     algorithms = ["ring"] + (["rabenseifner"] if n & (n - 1) == 0 else [])
@@ -195,7 +207,7 @@ def test_sharded_steps_send_the_bytes_of_plain_data_parallelism(mpi_ranks, no_de
             assert sent == 2 * G * (n - 1) / n, (algorithm, zero, bucket_mb)
     odd = [6, 5, 3]  # P = 53: uneven shards; summed over the ranks, still 2·G·(N-1)
     for zero, bucket_mb in itertools.product((0, 1, 2), (0, 25)):
-        total = MPI.COMM_WORLD.allreduce(one_step_bytes(comm, odd, zero, "ring", bucket_mb))
+        total = world.allreduce(one_step_bytes(comm, odd, zero, "ring", bucket_mb))
         assert total == 2 * 53 * 4 * (n - 1), (zero, bucket_mb)
 
 
@@ -219,9 +231,13 @@ def demo_model_states(comm, zero: int, kind: str, sizes=(64, 128, 64, 10)) -> tu
     return held, peak.bytes, model.num_params()
 
 
-@pytest.mark.mpi(ranks=[1, 3, 4, 7, 8], timeout=120)
+@pytest.mark.mpi(ranks=[8], timeout=300)
 def test_model_states_per_rank_are_the_formulas(mpi_ranks):
-    comm = MPI.COMM_WORLD
+    """N = 1, 3, 4, 7, 8 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+    on_each_size((1, 3, 4, 7, 8), model_states_per_rank_are_the_formulas)
+
+
+def model_states_per_rank_are_the_formulas(comm):
     rank, n = comm.Get_rank(), comm.Get_size()
     total = {}
     for zero, kind in itertools.product((0, 1, 2), ("sgd", "adam")):
@@ -244,13 +260,13 @@ def test_stage_2_frees_each_bucket_after_its_reduce_scatter(mpi_ranks):
     model = MLP([32, 64, 64, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0, zero=2,
                        optimizer=Adam(model.params, model.grads))
-    made, make = [], ddp._make
+    made, make = [], ddp.reducer._make
 
     def spy(b):
         make(b)
         made.append(weakref.ref(b.flat))
 
-    ddp._make = spy
+    ddp.reducer._make = spy
     x, y = np.ones((8, 32)), np.zeros(8, dtype=np.int64)
     with ddp.no_sync():  # accumulating: the full buckets stay
         ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
@@ -265,7 +281,7 @@ def test_constructor_checks_and_dispatch():
     comm = MPI.COMM_SELF
     model = MLP([3, 4, 2], dtype="float64")
     ddp = DataParallel(model, comm, zero=1, optimizer=SGD(model.params, model.grads))
-    assert isinstance(ddp, ShardedDataParallel) and isinstance(ddp, DataParallel)
+    assert type(ddp) is DataParallel and isinstance(ddp.reducer, ReduceScatter)
     assert ddp.zero == 1 and ddp.layout.total == model.num_params()
     assert type(DataParallel(MLP([3, 2]), comm)) is DataParallel
     with pytest.raises(ValueError, match="optimizer"):

@@ -2,23 +2,32 @@
 
     mpiexec -n 4 python -m mpidp.bench overlap [--hidden 512,512,512] [--batch 64]
 
-One run times the same training step (same model, same local batch) four ways:
+One run times the same training step (same model, same local batch) several ways,
+the modes taking turns step by step (a load that comes and goes hits all alike):
 
     compute         forward + backward + SGD, no communication at all       (a)
     serial          backward, then one all-reduce per bucket (overlap=False) (b)
     overlap         each bucket launched as backward writes it, polled
-                    between layers                                           (c)
-    overlap+thread  the same, also polled by a background progress thread
+                    between layers, no thread                                (c)
+    overlap+thread  (c) + the polling thread (test all, sleep 100 µs)
+    overlap+wait    (c) + the thread that blocks in MPI on the oldest round
+    overlap+blocks  (c), each layer's backward in row blocks, polled between
+    overlap+pieces  (c), each row block's gradient reduced as it is written
+    pieces+wait     overlap+pieces + the blocking thread
+    default         DataParallel's defaults (what the trainer runs)
 
 and prints the median step time (the slowest rank's, each step starting at a
-barrier), the hidden fraction ((b) - (c)) / ((b) - (a)), and, for the overlapped
-modes, each bucket's launch and completion time relative to the start of backward.
+barrier), the hidden fraction ((b) - (c)) / ((b) - (a)), the efficiency
+((b) - (c)) / min(exposed comm of (b), backward of (a)) (`efficiency`), and, for
+the overlapped modes, each bucket's launch and completion time relative to the
+start of backward.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from contextlib import nullcontext
 
@@ -28,7 +37,37 @@ from mpi4py import MPI
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
 
-MODES = ("compute", "serial", "overlap", "overlap+thread")
+MODES = ("compute", "serial", "overlap", "overlap+thread", "overlap+wait", "overlap+blocks",
+         "overlap+pieces", "pieces+wait", "default")
+DEFAULT_MODES = ("compute", "serial", "overlap", "overlap+thread", "default")
+
+
+def settings(mode: str, args) -> dict | None:
+    """DataParallel's keywords for a mode (None: compute only)."""
+    piece = args.piece_mb if args.piece_mb == "auto" else float(args.piece_mb)
+    common = {"bucket_mb": args.bucket_mb, "first_bucket_mb": args.first_bucket_mb,
+              "algorithm": args.algorithm}
+    if mode == "default":
+        return common
+    common.update(progress_thread=False, piece_mb=None)
+    return {"compute": None,
+            "serial": {**common, "overlap": False},
+            "overlap": common,
+            "overlap+thread": {**common, "progress_thread": "poll"},
+            "overlap+wait": {**common, "progress_thread": "wait"},
+            "overlap+blocks": {**common, "piece_mb": piece, "pieces": False},
+            "overlap+pieces": {**common, "piece_mb": piece},
+            "pieces+wait": {**common, "piece_mb": piece, "progress_thread": "wait"}}[mode]
+
+
+def efficiency(serial: dict, compute: dict, mode: dict) -> float:
+    """hidden / hideable: hidden = serial step - this mode's step; hideable = the serial
+    mode's exposed communication, or compute-only backward if shorter (communication
+    can hide behind backward only). Medians in ms; nan when nothing is hideable."""
+    hideable = min(serial["exposed_comm_ms"], compute["backward_ms"])
+    if not hideable > 0:
+        return float("nan")
+    return (serial["step_ms"] - mode["step_ms"]) / hideable
 
 
 def blas_threads(n: int):
@@ -52,7 +91,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--algorithm", default="auto", choices=api.ALGORITHMS["allreduce"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated, of {', '.join(MODES)} (all: every one)")
+    p.add_argument("--piece-mb", default="auto",
+                   help="the pieces' size in MiB for the blocks/pieces modes (auto: the "
+                        "cost model's)")
     p.add_argument("--json", metavar="FILE", help="also write the figures here (rank 0)")
     p.add_argument("--csv", metavar="FILE", help="one row per mode (rank 0)")
     p.add_argument("--plot", metavar="FILE.png",
@@ -62,17 +105,18 @@ def parse_args(argv) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_mode(mode: str, comm, args, sizes, x, y) -> dict:
-    """Time `args.steps` steps in one mode; per-step times of this rank."""
-    model = MLP(sizes, dtype=args.dtype, seed=0)
-    opt = SGD(model.params, model.grads, lr=1e-3, momentum=0.9)
-    ddp = None
-    if mode != "compute":
-        ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb,
-                           overlap=mode != "serial", algorithm=args.algorithm,
-                           progress_thread=mode == "overlap+thread")
-    out = {"step": [], "backward": [], "exposed": [], "buckets": []}
-    for i in range(args.warmup + args.steps):
+class Mode:
+    """One mode's model, optimizer and DataParallel, and its per-step times on this rank."""
+
+    def __init__(self, mode: str, comm, args, sizes):
+        self.model = MLP(sizes, dtype=args.dtype, seed=0)
+        self.opt = SGD(self.model.params, self.model.grads, lr=1e-3, momentum=0.9)
+        kw = settings(mode, args)
+        self.ddp = None if kw is None else DataParallel(self.model, comm, **kw)
+        self.out = {"step": [], "backward": [], "exposed": [], "buckets": []}
+
+    def step(self, comm, x, y, record: bool) -> None:
+        model, ddp = self.model, self.ddp
         comm.Barrier()
         t0 = time.perf_counter()
         logits = model.forward(x) if ddp is None else ddp.forward(x)  # (b, C)
@@ -84,17 +128,32 @@ def run_mode(mode: str, comm, args, sizes, x, y) -> dict:
         else:
             ddp.backward(dlogits)
             backward, exposed = ddp.timings["backward"], ddp.timings["exposed_comm"]
-        opt.step()
-        if i >= args.warmup:
+        self.opt.step()
+        if record:
+            out = self.out
             out["step"].append(time.perf_counter() - t0)
             out["backward"].append(backward)
             out["exposed"].append(exposed)
             if ddp is not None:
                 out["buckets"].append(ddp.bucket_times())
-    if ddp is not None:
-        out["layout"] = [(b.layers, int(b.flat.nbytes)) for b in ddp.buckets]
-        ddp.close()
-    return out
+
+    def close(self) -> dict:
+        if self.ddp is not None:
+            self.out["layout"] = [(b.layers, int(b.flat.nbytes)) for b in self.ddp.buckets]
+            self.out["design"] = {"progress_thread": self.ddp.progress,  # as resolved
+                                  "pieces": sum(map(len, self.ddp._pieces.values())),
+                                  "blocks": self.ddp.blocks is not None}
+            self.ddp.close()
+        return self.out
+
+
+def run_modes(modes: list[str], comm, args, sizes, x, y) -> dict:
+    """Every mode's steps, taking turns: step k of each mode, then step k+1."""
+    runs = {mode: Mode(mode, comm, args, sizes) for mode in modes}
+    for i in range(args.warmup + args.steps):
+        for run in runs.values():
+            run.step(comm, x, y, record=i >= args.warmup)
+    return {mode: run.close() for mode, run in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,31 +164,47 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(rank)
     x = rng.standard_normal((args.batch, args.features)).astype(args.dtype)  # (b, D)
     y = rng.integers(0, args.classes, args.batch)  # (b,)
-    modes = args.modes.split(",")
+    modes = list(MODES) if args.modes == "all" else args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     with blas_threads(args.blas_threads):
-        results = {mode: run_mode(mode, comm, args, sizes, x, y) for mode in modes}
+        results = run_modes(modes, comm, args, sizes, x, y)
     summary = {"ranks": size, "sizes": sizes, "batch": args.batch, "dtype": args.dtype,
-               "bucket_mb": args.bucket_mb, "algorithm": args.algorithm, "modes": {}}
+               "bucket_mb": args.bucket_mb, "algorithm": args.algorithm,
+               "piece_mb": args.piece_mb, "steps": args.steps,
+               "async_progress": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
+               "load_average": list(os.getloadavg()), "modes": {}}
     for mode, r in results.items():
         slowest = np.array(r["step"])
         api.allreduce(comm, api.IN_PLACE, slowest, op="max")  # a step lasts as its slowest rank
         entry = {"step_ms": 1e3 * float(np.median(slowest)),
                  "backward_ms": 1e3 * float(np.median(r["backward"])),
                  "exposed_comm_ms": 1e3 * float(np.median(r["exposed"]))}
+        if "design" in r:
+            entry["design"] = r["design"]
         if r["buckets"]:
             entry["buckets"] = [
                 {"bucket": k, "layers": layers, "mb": nbytes / 2**20,
                  "launch_ms": 1e3 * float(np.median([s[k]["launch"] for s in r["buckets"]])),
                  "complete_ms": 1e3 * float(np.median([s[k]["complete"] for s in r["buckets"]]))}
                 for k, (layers, nbytes) in enumerate(r["layout"])]
+            for k, b in enumerate(entry["buckets"]):
+                if "pieces" in r["buckets"][0][k]:
+                    b["pieces_ms"] = [[1e3 * float(np.median([s[k]["pieces"][j][e]
+                                                              for s in r["buckets"]]))
+                                       for e in (0, 1)]
+                                      for j in range(len(r["buckets"][0][k]["pieces"]))]
         summary["modes"][mode] = entry
     m = summary["modes"]
     if {"compute", "serial"} <= m.keys():
         comm_cost = m["serial"]["step_ms"] - m["compute"]["step_ms"]
-        for mode in ("overlap", "overlap+thread"):
-            if mode in m:
+        for mode in m:
+            if mode not in ("compute", "serial"):
                 m[mode]["hidden_fraction"] = ((m["serial"]["step_ms"] - m[mode]["step_ms"])
                                               / comm_cost if comm_cost > 0 else float("nan"))
+                m[mode]["hidden_ms"] = m["serial"]["step_ms"] - m[mode]["step_ms"]
+                m[mode]["efficiency"] = efficiency(m["serial"], m["compute"], m[mode])
     if rank == 0:
         report(summary)
         if args.json:
@@ -149,13 +224,16 @@ def write_csv(s: dict, path: str) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["ranks", "mode", "step_ms", "backward_ms", "exposed_comm_ms",
-                    "hidden_fraction"])
+                    "hidden_fraction", "efficiency"])
         for mode, e in s["modes"].items():
             w.writerow([s["ranks"], mode, f"{e['step_ms']:.4f}", f"{e['backward_ms']:.4f}",
-                        f"{e['exposed_comm_ms']:.4f}", e.get("hidden_fraction", "")])
+                        f"{e['exposed_comm_ms']:.4f}", e.get("hidden_fraction", ""),
+                        e.get("efficiency", "")])
 
 
-MODE_COLORS = {"compute": "C7", "serial": "C0", "overlap": "C1", "overlap+thread": "C2"}
+MODE_COLORS = {"compute": "C7", "serial": "C0", "overlap": "C1", "overlap+thread": "C2",
+               "overlap+wait": "C3", "overlap+blocks": "C4", "overlap+pieces": "C5",
+               "pieces+wait": "C6", "default": "C8"}
 
 
 def plot(s: dict, path: str) -> None:
@@ -168,7 +246,7 @@ def plot(s: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     modes = list(s["modes"])
-    spare = iter(f"C{i}" for i in (3, 4, 5, 6, 8, 9))
+    spare = iter(f"C{i}" for i in (9,))
     color = {m: MODE_COLORS.get(m) or next(spare, "black") for m in modes}
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 3.8))
     for mode in modes:
@@ -180,7 +258,7 @@ def plot(s: dict, path: str) -> None:
     for i, mode in enumerate(bucketed):
         e = s["modes"][mode]
         for b in e["buckets"]:
-            y = b["bucket"] + 0.25 * i
+            y = b["bucket"] + 0.8 * i / len(bucketed)  # each mode its lane in the bucket's band
             right.plot([b["launch_ms"], b["complete_ms"]], [y, y], lw=4, color=color[mode],
                        label=mode if b["bucket"] == 0 else None)
         right.axvline(e["backward_ms"], color=color[mode], ls=":", lw=1)
@@ -202,19 +280,23 @@ def report(s: dict) -> None:
         1, sum("buckets" in v for v in s["modes"].values()))
     print(f"mpidp overlap benchmark: {s['ranks']} ranks, MLP {s['sizes']} ({s['dtype']}, "
           f"{grads_mb:.2f} MiB of gradients), local batch {s['batch']}, "
-          f"bucket_mb {s['bucket_mb']}, algorithm {s['algorithm']}")
+          f"bucket_mb {s['bucket_mb']}, algorithm {s['algorithm']}, piece_mb "
+          f"{s.get('piece_mb')}, async progress {s.get('async_progress', '0')}, load average "
+          f"{' '.join(f'{v:.2f}' for v in s.get('load_average', []))}")
     print(f"{'mode':16s} {'step ms':>9s} {'backward ms':>12s} {'exposed comm ms':>16s} "
-          f"{'hidden':>7s}")
+          f"{'hidden':>7s} {'efficiency':>10s}")
     for mode, e in s["modes"].items():
         hidden = f"{e['hidden_fraction']:7.2f}" if "hidden_fraction" in e else f"{'':7s}"
+        eff = f"{e['efficiency']:10.2f}" if "efficiency" in e else f"{'':10s}"
         print(f"{mode:16s} {e['step_ms']:9.2f} {e['backward_ms']:12.2f} "
-              f"{e['exposed_comm_ms']:16.2f} {hidden}")
+              f"{e['exposed_comm_ms']:16.2f} {hidden} {eff}")
     for mode, e in s["modes"].items():
         if "buckets" not in e or mode == "serial":
             continue
         print(f"{mode}: buckets on rank 0, ms after backward starts "
               f"(backward lasts {e['backward_ms']:.2f} ms)")
         for b in e["buckets"]:
+            pieces = f"  ({len(b['pieces_ms'])} pieces)" if "pieces_ms" in b else ""
             print(f"  bucket {b['bucket']} layers {','.join(map(str, b['layers'])):8s} "
                   f"{b['mb']:7.2f} MiB  launch {b['launch_ms']:8.2f}  complete "
-                  f"{b['complete_ms']:8.2f}")
+                  f"{b['complete_ms']:8.2f}{pieces}")

@@ -361,13 +361,26 @@ def overlap_tables(paths: list[str]) -> list[str]:
                   f"local batch {s['batch']}, bucket_mb {s['bucket_mb']}, algorithm "
                   f"{s['algorithm']} ([{os.path.basename(path)}](bench/"
                   f"{os.path.basename(path)})), median ms:", "",
-                  "| mode | step | backward | exposed comm | hidden |", "|---|---:|---:|---:|---:|"]
+                  "| mode | step | backward | exposed comm | hidden | efficiency |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for mode, e in s["modes"].items():
             hidden = f"{e['hidden_fraction']:+.2f}" if "hidden_fraction" in e else ""
+            eff = _efficiency(s, mode)
+            eff = "" if eff is None else f"{eff:+.2f}"
             lines.append(f"| {mode} | {e['step_ms']:.2f} | {e['backward_ms']:.2f} | "
-                         f"{e['exposed_comm_ms']:.2f} | {hidden} |")
+                         f"{e['exposed_comm_ms']:.2f} | {hidden} | {eff} |")
         lines.append("")
     return lines
+
+
+def _efficiency(s: dict, mode: str) -> float | None:
+    """The JSON's efficiency, or (a run from before it was written) the same from its medians."""
+    from .overlap import efficiency
+
+    m = s["modes"]
+    if mode in ("compute", "serial") or not {"compute", "serial"} <= m.keys():
+        return None
+    return m[mode].get("efficiency", efficiency(m["serial"], m["compute"], m[mode]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ and in the article's order, partner at distance N/2 first: the halves cross.
            3 | →2:0-1 ←2:2-3 | →3:0-1 ←3:2-3 | →0:2-3 ←0:0-1 | →1:2-3 ←1:0-1
 
 Bytes through a host's link per direction, for a vector of G bytes
-(`python -m mpidp.sim volume --ranks 4 --ppn 2`; tests/test_topology.py asserts
+(`python -m mpidp.sim volume --ranks 4 --ppn 2`; tests/test_placement.py asserts
 them): ring 1.5G, Rabenseifner in the article's order 2G, nearest first G,
 hierarchical G (hierarchical.py), G being the lower bound for two hosts.
 """

@@ -10,7 +10,7 @@ A message is labelled by where its data sits in the sender's vector: a block
 number, a range "2-3" of blocks, or "[i:j]" for items that are not whole blocks;
 "tmp" is the sender's scratch and "-" an empty message. Every algorithm module's
 docstring holds its table for N = 4 under the command that prints it, and
-tests/test_sim.py checks that they are equal.
+tests/test_sim_engine.py checks that they are equal.
 """
 
 from __future__ import annotations

@@ -64,6 +64,44 @@ def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool
     return dout @ W.T if need_dx else None  # (B, in)
 
 
+def linear_backward_blocked(dout, cache, dW, db, stops, accumulate: bool = False,
+                            need_dx: bool = True, on_rows=None):
+    """`linear_backward` in row blocks: db, then dW's rows [0, stops[0]), [stops[0],
+    stops[1]) ..., then dx in as many blocks of the batch's rows; ``on_rows(stop)``
+    after each dW block (rows [0, stop) and db are written) and ``on_rows(None)``
+    after each dx block but the last (a point where communication can progress).
+
+    Every element is computed from the same operands as in `linear_backward`; only
+    the matrix products are cut (BLAS may round a cut product differently: not for
+    deterministic mode, `DataParallel` does not cut there).
+    """
+    x, W = cache  # (B, in), (in, out)
+    if accumulate:
+        db += dout.sum(axis=0)  # (out,)
+    else:
+        dout.sum(axis=0, out=db)  # (out,)
+    start = 0
+    for stop in stops:
+        xs = x[:, start:stop].T  # (rows, B)
+        if accumulate:
+            dW[start:stop] += xs @ dout  # (rows, out)
+        else:
+            xs.dot(dout, out=dW[start:stop])  # (rows, out), straight into the bucket view
+        if on_rows is not None:
+            on_rows(stop)
+        start = stop
+    if not need_dx:
+        return None
+    B = dout.shape[0]
+    cuts = sorted({B * k // len(stops) for k in range(len(stops) + 1)})
+    dx = xp_of(dout).empty((B, W.shape[0]), dtype=dout.dtype)  # (B, in)
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        xp_of(dout).matmul(dout[lo:hi], W.T, out=dx[lo:hi])  # (rows of the batch, in)
+        if on_rows is not None and hi < B:
+            on_rows(None)
+    return dx
+
+
 def relu_forward(x):
     out = x * (x > 0)  # (B, H); x * mask keeps -0.0 out and is cheap
     return out, out
@@ -169,12 +207,17 @@ class MLP:
         return h  # (B, C)
 
     def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
-                 accumulate: bool = False) -> None:
+                 accumulate: bool = False, blocks: dict | None = None,
+                 on_rows: Callable[[int, int | None], None] | None = None) -> None:
         """Fill ``grads`` from the last layer to the first; ``on_grad(i)`` after layer i.
 
         Args:
             dlogits: (B, C) gradient of the loss with respect to the logits.
             accumulate: add to ``grads`` (micro-batches) instead of overwriting them.
+            blocks: layer i -> the row stops of W_i at which its backward is cut
+                (`linear_backward_blocked`); a layer not in it runs whole.
+            on_rows: ``on_rows(i, stop)`` after each block of layer i (stop: rows of
+                dW_i written so far, db_i too; None: a block of dx).
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
@@ -185,7 +228,12 @@ class MLP:
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
             dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
-            dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
+            if blocks and i in blocks:
+                rows = None if on_rows is None else (lambda stop, i=i: on_rows(i, stop))
+                dout = linear_backward_blocked(dout, lin_cache, dW, db, blocks[i], accumulate,
+                                               need_dx=i > 1, on_rows=rows)
+            else:
+                dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
             if on_grad is not None:
                 on_grad(i)
         self.cache = None  # free the activations, as autograd does

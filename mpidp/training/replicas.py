@@ -15,13 +15,13 @@ def replicate(model, comm) -> None:
         mp.bcast(comm, p, root=0)
 
 
-def check_replicas(model, comm) -> None:
-    """Raise RuntimeError unless every rank holds bitwise-identical parameters.
+def check_replicas(params: dict, comm) -> None:
+    """Raise RuntimeError unless every rank holds bitwise-identical `params` (name -> array).
 
     Each rank hashes its parameters; the ranks all-gather the 32-byte digests.
     """
     digest = hashlib.sha256()
-    for name, p in model.params.items():
+    for name, p in params.items():
         digest.update(name.encode())
         digest.update(mp.as_host(p).tobytes())
     mine = np.frombuffer(digest.digest(), dtype=np.uint8).copy()  # (32,)

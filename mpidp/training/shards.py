@@ -20,6 +20,16 @@ A bucket's per-rank counts are the sizes of its pieces inside each shard; they
 tile the bucket in rank order, so a reduce-scatter with these counts leaves each
 rank exactly its shard's part of the bucket, and an all-gather with them puts
 every part back (`MPI_Reduce_scatter` / `MPI_Allgatherv` counts).
+
+Stage 3 (``each=True``) cuts every bucket, one unit each, into N blocks of its
+own (FSDP's flat parameter per unit): rank r owns block r of every unit, so
+every unit's all-gather is spread over all ranks, and rank r's shard is its
+blocks laid end to end in bucket order. The same example:
+
+    bucket 0 = [0, 6):    counts (2, 2, 1, 1)
+    bucket 1 = [6, 21):   counts (4, 4, 4, 3)
+    bucket 2 = [21, 45):  counts (6, 6, 6, 6)
+    shards (12, 12, 11, 10): rank 1's = bucket 0 [2, 4) + bucket 1 [4, 8) + bucket 2 [6, 12)
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ class Layout:
         buckets: `Bucket`s with ``names`` (in the order they lie in the flat vector).
         shapes: name -> shape of every parameter.
         n, rank: the ranks that share the vector, and this one.
+        each: cut every bucket into N blocks (stage 3), not the whole vector.
     """
 
-    def __init__(self, buckets, shapes: dict, n: int, rank: int):
+    def __init__(self, buckets, shapes: dict, n: int, rank: int, each: bool = False):
         self.shapes = dict(shapes)
         self.offsets: dict[str, tuple[int, int]] = {}  # name -> [start, stop) in the flat vector
         self.ranges: list[tuple[int, int]] = []  # bucket -> [start, stop)
@@ -52,11 +63,15 @@ class Layout:
                 self.offsets[name] = (at, at + size)
                 at += size
             self.ranges.append((start, at))
-        self.total, self.n, self.rank = at, n, rank
-        self.shards = Blocks.even(at, n)
-        self.lo = self.shards.displs[rank]
+        self.total, self.n, self.rank, self.each = at, n, rank, each
+        if each:
+            self.blocks = [Blocks.even(stop - start, n) for start, stop in self.ranges]
+            self.shards = Blocks([sum(b.counts[r] for b in self.blocks) for r in range(n)])
+        else:
+            self.shards = Blocks.even(at, n)
+            self.blocks = [self._cut(start, stop) for start, stop in self.ranges]
+        self.lo = self.shards.displs[rank]  # my shard in the vector of shards, rank order
         self.hi = self.lo + self.shards.counts[rank]
-        self.blocks = [self._cut(start, stop) for start, stop in self.ranges]
 
     def _cut(self, start: int, stop: int) -> Blocks:
         """Per-rank counts of [start, stop): its overlap with each shard."""
@@ -67,11 +82,18 @@ class Layout:
             counts.append(max(0, min(hi, stop) - max(lo, start)))
         return Blocks(counts)
 
-    def mine(self, k: int) -> tuple[int, int, int]:
-        """Bucket k's part in my shard: (offset in the bucket, offset in the shard, count)."""
-        blocks = self.blocks[k]
-        in_bucket = blocks.displs[self.rank]
-        return in_bucket, self.ranges[k][0] + in_bucket - self.lo, blocks.counts[self.rank]
+    def mine(self, k: int, rank: int | None = None) -> tuple[int, int, int]:
+        """Bucket k's part in my shard (or `rank`'s): (offset in bucket, in shard, count)."""
+        rank = self.rank if rank is None else rank
+        in_bucket = self.blocks[k].displs[rank]
+        in_shard = sum(b.counts[rank] for b in self.blocks[:k])  # earlier buckets' parts
+        return in_bucket, in_shard, self.blocks[k].counts[rank]
+
+    def shard_of(self, flat):
+        """A new array: my shard of the whole flat vector `flat` (my parts, bucket order)."""
+        return array_module(flat).concatenate(
+            [flat[start + i:start + i + c] for (start, _), (i, _, c)
+             in zip(self.ranges, map(self.mine, range(len(self.ranges))), strict=True)])
 
     def flatten(self, arrays: dict, xp, dtype):
         """One new flat vector holding `arrays` (name -> array) at their offsets."""
@@ -91,9 +113,18 @@ class Layout:
 
     def gather(self, comm, shard, algorithm: str = "auto"):
         """A new flat vector from every rank's `shard` (collective: an all-gather)."""
-        flat = array_module(shard).empty(self.total, dtype=shard.dtype)
-        flat[self.lo:self.hi] = shard
-        mp.allgather(comm, mp.IN_PLACE, flat, self.shards.counts, algorithm=algorithm)
+        xp = array_module(shard)
+        shards = xp.empty(self.total, dtype=shard.dtype)  # rank 0's shard, rank 1's, ...
+        shards[self.lo:self.hi] = shard
+        mp.allgather(comm, mp.IN_PLACE, shards, self.shards.counts, algorithm=algorithm)
+        if not self.each:  # the shards, in rank order, are the flat vector
+            return shards
+        flat = xp.empty_like(shards)
+        for r, lo in enumerate(self.shards.displs):
+            for k, (start, _) in enumerate(self.ranges):
+                in_bucket, in_shard, count = self.mine(k, r)
+                flat[start + in_bucket:start + in_bucket + count] = \
+                    shards[lo + in_shard:lo + in_shard + count]
         return flat
 
 
@@ -103,7 +134,7 @@ def shard_state(layout: Layout, state: dict, xp, dtype) -> dict:
     kinds = sorted({k.split("/", 1)[0] for k in state if k != "steps"})
     for kind in kinds:
         arrays = {name: xp.asarray(state[f"{kind}/{name}"]) for name in layout.offsets}
-        out[f"{kind}/flat"] = layout.flatten(arrays, xp, dtype)[layout.lo:layout.hi].copy()
+        out[f"{kind}/flat"] = layout.shard_of(layout.flatten(arrays, xp, dtype))
     return out
 
 

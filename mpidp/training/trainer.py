@@ -64,8 +64,11 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
     p.add_argument("--seed", type=count0, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
-    p.add_argument("--progress-thread", action="store_true",
-                   help="advance all-reduces from a background thread too")
+    p.add_argument("--progress-thread", nargs="?", const="poll", default=None,
+                   choices=["wait", "poll"],
+                   help="advance the reductions from a background thread too: bare or "
+                        "poll, one that polls every 100 us; wait, one that blocks in MPI on "
+                        "them (default: none; docs/overlap.md says why)")
     p.add_argument("--bucket-mb", type=nonnegative, default=bucket_mb,
                    help="0: one bucket per layer")
     p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0)
@@ -184,7 +187,7 @@ def start_from(args: argparse.Namespace, comm, model, opt, problem: str | None,
 def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
     """`DataParallel` (or its ZeRO subclass) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
-                        args.algorithm, args.progress_thread, args.debug, tracer,
+                        args.algorithm, args.progress_thread or False, args.debug, tracer,
                         zero=args.zero, optimizer=opt, deterministic=args.deterministic)
 
 

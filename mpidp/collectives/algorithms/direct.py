@@ -13,7 +13,7 @@ measures the others against: G·(N-1) bytes sent and received per rank, against
 
 Every rank adds the vectors in rank order, v0 ⊕ v1 ⊕ ... ⊕ v(N-1), its own
 at its place (copied into the scratch first), so every rank gets the same bits.
-The step table, computed by running this code (`mpidp.sim`; tests/test_sim.py
+The step table, computed by running this code (`mpidp.sim`; tests/test_sim_engine.py
 checks that it still is; "↔1,2,3:0-3" swaps blocks 0-3, the whole vector, with
 ranks 1, 2 and 3, in that order: rank r sends to r + 1, r + 2, ... and receives
 from r - 1, r - 2, ..., so that no rank is every rank's first peer):

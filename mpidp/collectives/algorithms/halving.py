@@ -11,7 +11,7 @@ reduced over all ranks. For N = 4:
         step 1: mask 1     0 <-> 1           2 <-> 3             a quarter
 
 The step tables below are computed by running this code (`mpidp.sim`;
-tests/test_sim.py checks that they still are): "→2:2-3" sends blocks 2-3 to
+tests/test_sim_engine.py checks that they still are): "→2:2-3" sends blocks 2-3 to
 rank 2, "←2:0-1" receives blocks 0-1 from it, "↔1:0-3" does both with blocks 0-3.
 
         $ python -m mpidp.sim table recursive_halving --collective reduce_scatter --ranks 4

@@ -20,7 +20,7 @@ of L ranks, local rank j holds pieces jP/L .. (j+1)P/L - 1 (equal hosts: piece j
 so every piece has one holder on every host and the ranks of any placement take
 part (unequal hosts too). On one host step 2 has nothing to do and the algorithm
 is the ring all-reduce. The step tables are computed by running this code
-(`mpidp.sim`; tests/test_sim.py checks that they still are):
+(`mpidp.sim`; tests/test_sim_engine.py checks that they still are):
 
         $ python -m mpidp.sim table hierarchical --ranks 4 --ppn 2
         step | rank 0        | rank 1        | rank 2        | rank 3
@@ -50,7 +50,7 @@ reductions of step 2 are on G/L bytes per rank):
 and through each host's link, per direction, 2G(H-1)/H bytes: G for 2 hosts, the
 lower bound (each host must receive the other's sums for the half it reduces,
 then the other half's result). The ring across 2 × 2 sends 1.5G, Rabenseifner in
-the article's order 2G, nearest partner first G (tests/test_topology.py asserts
+the article's order 2G, nearest partner first G (tests/test_placement.py asserts
 all four). Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005 (section 4.4's all-reduce on
 each level); Jia et al., "Highly scalable deep learning training system with

@@ -13,7 +13,7 @@ Reduce-scatter: in step s, rank r sends block (r - s - 1) and receives block
 (r - s - 2), which it adds to its own copy. A block starts at rank b + 1, picks
 up one rank's contribution per hop, and after N - 1 hops ends, complete, on
 rank b. The step tables below are computed by running this code (`mpidp.sim`;
-tests/test_sim.py checks that they still are): "→1:3" sends block 3 to rank 1,
+tests/test_sim_engine.py checks that they still are): "→1:3" sends block 3 to rank 1,
 "←3:2" receives block 2 from rank 3.
 
         $ python -m mpidp.sim table ring --collective reduce_scatter --ranks 4

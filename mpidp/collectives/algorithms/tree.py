@@ -13,7 +13,7 @@ doubles each step. For N = 8, root 0:
 A rank posts all its forwarding sends as one round, so in the step tables below
 the root's sends share a step; through one network port they still leave one
 after the other, which is why the cost counts ⌈log2 N⌉ message times. The
-tables are computed by running this code (`mpidp.sim`; tests/test_sim.py checks
+tables are computed by running this code (`mpidp.sim`; tests/test_sim_engine.py checks
 that they still are): "→2,1:0-3" sends blocks 0-3, the whole vector, to rank 2,
 then to rank 1. For N = 4, root 0:
 

@@ -228,6 +228,26 @@ class Request:
                     MPI.Request.Waitall(self._reqs)
                 self._advance()
 
+    def wait_round(self) -> bool:
+        """Block inside MPI (the GIL released) until the current round's messages are
+        done, then post the next round; True once the collective is complete.
+
+        What a progress thread calls: it sleeps in the MPI library instead of polling,
+        and other threads run Python meanwhile. If another thread is advancing this
+        request right now, return False at once (as `test`). It does not honour a
+        timeout: a peer that never joins keeps it blocked (use `wait` for that).
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.done:
+                if self._reqs:
+                    MPI.Request.Waitall(self._reqs)
+                self._advance()
+            return self.done
+        finally:
+            self._lock.release()
+
     # mpi4py's spellings, so that a Request stands where an MPI.Request is expected. As an
     # MPI request becomes MPI.REQUEST_NULL once reported complete, this one then becomes
     # inactive: false as a bool, and Waitany and the like skip it.

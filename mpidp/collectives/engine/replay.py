@@ -183,7 +183,7 @@ class Replay:
     # `schedule.Request`'s own: test and wait complete `_reqs`, the round in flight, and
     # `_advance` to the next one (its test never blocks; its wait honours MPIDP_TIMEOUT);
     # mpi4py's spellings mark the request inactive once reported complete
-    test, wait = Request.test, Request.wait
+    test, wait, wait_round = Request.test, Request.wait, Request.wait_round
     Test, Wait, __bool__ = Request.Test, Request.Wait, Request.__bool__
 
     def free(self) -> None:

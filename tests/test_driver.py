@@ -1,4 +1,5 @@
-"""How mpidp's requests complete alongside mpi4py's own: the public behaviour only.
+"""The driver: a schedule's rounds run in order, and its `Request` (`mpidp.Request`), which
+completes alongside mpi4py's own; the public behaviour only.
 
 ``req.Wait()``, ``req.Test()``, and `mpidp.Request`'s Waitall/Testall/Waitany/
 Testany/Waitsome/Testsome over lists that mix mpidp's requests with mpi4py's
@@ -6,6 +7,9 @@ Testany/Waitsome/Testsome over lists that mix mpidp's requests with mpi4py's
 as an MPI request becomes ``MPI.REQUEST_NULL``; ``Cancel`` is refused, as MPI
 refuses it for a collective, and ``Free`` is honoured once the collective is
 complete and refused while it is in flight, both with an ``MPI.Exception``.
+mpi4py's own ``MPI.Request.Waitall`` refuses mpidp's requests; `Request.Waitall` and
+`mpidp.waitall` take them. At the end, in one process: `run` and `Handle` (= `Request`)
+on a one-rank schedule.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp import Request
+from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.engine.driver import Handle, run
 
 
 def start(comm, world, x, outs):
@@ -135,3 +141,76 @@ def test_cancel_is_refused_and_free_only_once_complete(mpi_ranks, no_debug_check
     assert request
     request.Free()
     assert not request and request.Test() and request.Wait()
+
+
+def test_schedule_runs_rounds_in_order_and_counts_them():
+    """A one-rank 'exchange with myself' schedule, blocking and nonblocking."""
+    comm = MPI.COMM_SELF
+    log = []
+
+    def rounds(buf, tmp):
+        for step in range(3):
+            yield [Send(buf, 0), Recv(tmp, 0)]
+            buf += tmp  # local work happens after the round completes
+            log.append(step)
+
+    buf, tmp = np.ones(4), np.empty(4)
+    assert run(comm, rounds(buf, tmp), tag=5) == 3
+    assert log == [0, 1, 2] and np.array_equal(buf, [8.0] * 4)
+    log.clear()
+    done = []
+    h = Handle(comm, rounds(buf, tmp), tag=5, on_done=lambda: done.append(True))
+    while not h.test():
+        pass
+    assert h.done and h.rounds == 3 and done == [True]
+    assert np.array_equal(buf, [64.0] * 4)
+    h.wait()  # waiting on a finished handle is a no-op
+
+
+def test_requests_are_not_mpi4py_requests():
+    """MPI.Request.Waitall refuses mpidp's requests; Request.Waitall and mpidp.waitall take them."""
+    comm = mpidp.Comm(MPI.COMM_WORLD)
+    x, y = np.ones(4), np.empty(4)
+    requests = [comm.Iallreduce(x, y), comm.Ibcast(x)]
+    with pytest.raises(TypeError):
+        MPI.Request.Waitall(requests)
+    assert Request.Waitall(requests) is True
+    mpidp.waitall(requests)
+    assert mpidp.testall(requests) and Request.Testall(requests)
+    assert requests[0].Test() and requests[0].Wait() is True and requests[0].Get_status()
+    assert (y == x).all()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3], timeout=60)
+def test_wait_round_completes_a_collective_from_another_thread(mpi_ranks):
+    """What DataParallel's "wait" progress thread calls: a round at a time, blocking in
+    MPI, until done; the persistent collective's replay (its second start on) too. The
+    main thread makes no MPI call meanwhile; the results are the native Allreduce's."""
+    import threading
+
+    comm = MPI.COMM_WORLD
+    x = np.arange(1000.0) * (comm.Get_rank() + 1)
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect)
+    pout = np.empty_like(x)
+    persistent = mpidp.allreduce_init(comm, x, pout, algorithm="ring")
+    for start in range(3):
+        out = np.empty_like(x)
+        if start == 0:
+            request = mpidp.iallreduce(comm, x, out, algorithm="ring")
+        else:
+            persistent.Start()
+            request, out = persistent.request, pout
+        rounds = []
+
+        def drive(request=request, rounds=rounds):
+            while not request.wait_round():
+                rounds.append(1)
+
+        thread = threading.Thread(target=drive)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive() and request.done
+        assert len(rounds) == max(0, 2 * (mpi_ranks - 1) - 1)  # ring: 2(N-1) rounds
+        np.testing.assert_array_equal(out, expect)
+    persistent.Free()

@@ -8,9 +8,10 @@ state must be `np.array_equal` to it after every step, whatever the rank count,
 algorithm, bucket layout, overlap or ZeRO stage.
 
 The settings are crossed pairwise (every pair of values of any two settings at least
-once), by a fixed greedy cover of the whole product: each MPI launch runs the rows
-of its rank count, and the 1-rank reference of a (dtype, optimizer, M) is computed
-once per launch (that it need not depend on the rest is the claim under test).
+once), by a fixed greedy cover of the whole product: one MPI launch of 8 ranks runs the
+rows of each rank count on a communicator of that size, and the 1-rank reference of a
+(dtype, optimizer, M) is computed once (that it need not depend on the rest is the
+claim under test).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 from test_checkpoint import trainer
 from threadpoolctl import threadpool_limits
@@ -197,18 +199,26 @@ def references(comm, keys: list) -> dict:
     return {key: snaps for part in comm.allgather(mine) for key, snaps in part.items()}
 
 
-@pytest.mark.mpi(ranks=[*RANKS, 8], timeout=240)
+@pytest.mark.mpi(ranks=[8], timeout=600)
 def test_n_ranks_equal_one_rank_bitwise_after_every_step(mpi_ranks):
-    comm = MPI.COMM_WORLD
-    mine = rows_for(mpi_ranks)
-    keys = [(r["dtype"], r["optimizer"], micro_batch(mpi_ranks, r["shards"])) for r in mine]
+    """One launch of 8 ranks: each rank count's rows on a communicator of that size
+    (tests/helpers/subcomms.py); the references of every size computed once, by all."""
+    sizes = [*RANKS, 8]
+    rows = {n: rows_for(n) for n in sizes}
+    keys = {n: [(r["dtype"], r["optimizer"], micro_batch(n, r["shards"])) for r in rows[n]]
+            for n in sizes}
     with threadpool_limits(1, user_api="blas"):
-        expected = references(comm, sorted(set(keys)))
-        for row, key in zip(mine, keys, strict=True):
-            zero, algorithm = MODES[row["mode"]]
-            got = train(comm, *key, zero=zero, algorithm=algorithm, overlap=row["overlap"],
-                        bucket_mb=row["bucket_mb"])
-            assert_bitwise(got, expected[key], f"{mpi_ranks} ranks, M={key[2]}, {row}")
+        expected = references(MPI.COMM_WORLD, sorted({k for ks in keys.values() for k in ks}))
+
+        def check(comm):
+            n = comm.Get_size()
+            for row, key in zip(rows[n], keys[n], strict=True):
+                zero, algorithm = MODES[row["mode"]]
+                got = train(comm, *key, zero=zero, algorithm=algorithm,
+                            overlap=row["overlap"], bucket_mb=row["bucket_mb"])
+                assert_bitwise(got, expected[key], f"{n} ranks, M={key[2]}, {row}")
+
+        on_each_size(sizes, check)
 
 
 # ------------------------------------------------------------------ the refusals

@@ -11,6 +11,8 @@ it: those places are the table in docs/dropin.md ("Datatypes and operations"),
 read here, and the places observed must be exactly the ones listed there, no more and
 no fewer. mpidp computes no pair types (``MPI.DOUBLE_INT``) and no ``WCHAR`` or
 Fortran quad precision (``REAL16``, ``COMPLEX32``): ``NotImplementedError`` there.
+
+At the end, in one process: each op's semantics and its dtype rules (`ops`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
+from mpidp.collectives.algorithms import ops as O
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OPS = ("MAX", "MIN", "SUM", "PROD", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
@@ -264,3 +267,35 @@ def _persistent(request) -> None:
     request.Start()
     request.Wait()
     request.Free()
+
+
+def test_ops_follow_mpi_semantics():
+    a, b = np.array([1, 5, -2]), np.array([3, 2, -7])
+    for name, want in [("sum", a + b), ("prod", a * b), ("max", np.maximum(a, b)),
+                       ("min", np.minimum(a, b)), ("band", a & b), ("bor", a | b),
+                       ("bxor", a ^ b), ("land", (a != 0) & (b != 0))]:
+        acc = a.copy()
+        O.OPS[name](acc, b)
+        assert np.array_equal(acc, want.astype(acc.dtype)), name
+    acc = np.array([2.0, 4.0])
+    O.AVG(acc, np.array([2.0, 2.0]))
+    O.AVG.finish(acc, 4)
+    assert np.array_equal(acc, [1.0, 1.5])
+
+
+def test_op_dtype_rules_and_resolution():
+    with pytest.raises(TypeError, match="complex"):
+        O.MAX.check(np.complex128)
+    with pytest.raises(TypeError):
+        O.AVG.check(np.int32)  # an integer average would truncate
+    with pytest.raises(TypeError):
+        O.BXOR.check(np.float64)
+    O.SUM.check(np.float16)
+    assert O.resolve_op(MPI.SUM) is O.SUM and O.resolve_op("max") is O.MAX
+    assert O.resolve_op(MPI.BXOR) is O.BXOR
+    with pytest.raises(ValueError, match="unknown op"):
+        O.resolve_op("mean")
+    with pytest.raises(NotImplementedError, match="MAXLOC"):
+        O.resolve_op(MPI.MAXLOC)
+    with pytest.raises(TypeError):
+        O.resolve_op(3)

@@ -9,10 +9,10 @@ key, and that what depends on the arrays themselves is still checked every time.
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 # a comm that records the tag of every message it posts (and refuses its own collectives)
-from test_comm import NoCollectives as TagRecorder
+from helpers.comms import NoCollectives as TagRecorder
+from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives import cost, state

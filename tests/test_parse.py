@@ -3,7 +3,8 @@
 Where mpi4py itself rejects an argument, mpidp.Comm raises the same exception
 type; where MPI would fail later or compute garbage (derived datatypes, ops
 MPI does not define on a dtype, aliased buffers), it raises a clear one. Also:
-algorithm names, and the requests that mpi4py's own functions do not take.
+algorithm names. (Requests that mpi4py's own functions do not take: test_driver.py; a
+DLPack-only buffer and a duplicated datatype: test_bufspec.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives.dropin.comm import Request
 
 
 def errors_mpi4py_raises(n: int) -> list:
@@ -55,7 +55,7 @@ def errors_mpi4py_raises(n: int) -> list:
              lambda c: c.Allgather(np.zeros(1), np.zeros(n + 1))),
             ("in-place Reduce_scatter_block recvbuf not a multiple of N", ValueError,
              lambda c: c.Reduce_scatter_block(MPI.IN_PLACE, np.zeros(n + 1))),
-            # ops on datatypes MPI does not define them on (tests/test_dropin_ops.py: all)
+            # ops on datatypes MPI does not define them on (tests/test_ops.py: all)
             ("MAXLOC of doubles", MPI.Exception, lambda c: c.Allreduce(x, y, op=MPI.MAXLOC)),
             ("MAX of complex numbers", MPI.Exception,
              lambda c: c.Allreduce(np.ones(3, "c16"), np.ones(3, "c16"), op=MPI.MAX)),
@@ -147,41 +147,3 @@ def test_unknown_algorithm_names_the_valid_ones():
         mpidp.Comm(world, algorithm=3)
     with pytest.raises(ValueError):
         mpidp.Comm(MPI.COMM_NULL)
-
-
-def test_requests_are_not_mpi4py_requests():
-    """MPI.Request.Waitall refuses mpidp's requests; Request.Waitall and mpidp.waitall take them."""
-    comm = mpidp.Comm(MPI.COMM_WORLD)
-    x, y = np.ones(4), np.empty(4)
-    requests = [comm.Iallreduce(x, y), comm.Ibcast(x)]
-    with pytest.raises(TypeError):
-        MPI.Request.Waitall(requests)
-    assert Request.Waitall(requests) is True
-    mpidp.waitall(requests)
-    assert mpidp.testall(requests) and Request.Testall(requests)
-    assert requests[0].Test() and requests[0].Wait() is True and requests[0].Get_status()
-    assert (y == x).all()
-
-
-def test_dlpack_and_duplicate_datatypes():
-    """One process: a DLPack-only object, and a duplicated predefined datatype."""
-
-    class DLPackOnly:  # exposes its memory through DLPack alone, not the buffer protocol
-        def __init__(self, arr):
-            self.arr = arr
-
-        def __dlpack__(self, **kwargs):
-            return self.arr.__dlpack__(**kwargs)
-
-        def __dlpack_device__(self):
-            return self.arr.__dlpack_device__()
-
-    comm = mpidp.Comm(MPI.COMM_WORLD)
-    n = comm.Get_size()
-    y = np.zeros(3)
-    comm.Allreduce(DLPackOnly(np.arange(3.0)), DLPackOnly(y))
-    assert np.array_equal(y, np.arange(3.0) * n)
-    double = MPI.DOUBLE.Dup()
-    comm.Allreduce(MPI.IN_PLACE, [y, double])
-    assert np.array_equal(y, np.arange(3.0) * n * n)
-    double.Free()

@@ -23,10 +23,10 @@ import array
 from dataclasses import dataclass
 
 import numpy as np
-from dlpackbuf import Exported, NumpyProducer
 from mpi4py import MPI
 
 import mpidp
+from helpers.dlpackbuf import Exported, NumpyProducer
 
 PAD = 2  # items of padding around the data in the count/displacement forms
 SENTINEL = 77  # initial value of everything a collective must not (or did not yet) write

@@ -1,6 +1,6 @@
 """mpidp.Comm takes every buffer kind that mpi4py takes, and leaves every byte MPI leaves.
 
-One body (tests/differential.py) runs each collective that mpidp.Comm implements,
+One body (tests/helpers/differential.py) runs each collective that mpidp.Comm implements,
 blocking and I-form (and the persistent ``*_init`` form where mpidp.Comm has one),
 on ``MPI.COMM_WORLD`` and on ``mpidp.Comm`` with identical inputs, for every buffer
 form mpi4py accepts (NumPy C and Fortran order, ``array.array``, ``bytearray``,
@@ -18,8 +18,8 @@ import importlib.util
 
 import numpy as np
 import pytest
-from differential import FORMS, REFUSED, Case, check_against_native, supports
-from dlpackbuf import Exported, NumpyProducer
+from helpers.differential import FORMS, REFUSED, Case, check_against_native, supports
+from helpers.dlpackbuf import Exported, NumpyProducer
 from mpi4py import MPI
 
 import mpidp
@@ -92,7 +92,7 @@ def test_every_buffer_kind_matches_native(mpi_ranks):
         every = {i for i, case in enumerate(cases) if case.in_place or case.form in REFUSED}
         check_against_native(cases, key, every)
     gc.collect()  # every DLPack export deleted, once, and only now
-    from differential import EXPORTS
+    from helpers.differential import EXPORTS
 
     assert EXPORTS and all(e.live == 0 for e in EXPORTS), [e.live for e in EXPORTS]
     assert Exported.double_deletes == 0
@@ -145,3 +145,27 @@ def test_a_gpu_buffer_without_cupy_says_cupy_is_needed():
         with pytest.raises(ModuleNotFoundError, match="CuPy") as info:
             comm.Allreduce(MPI.IN_PLACE, gpu)
         assert "GPU" in str(info.value) and info.value.name == "cupy"
+
+
+def test_dlpack_and_duplicate_datatypes():
+    """One process: a DLPack-only object, and a duplicated predefined datatype."""
+
+    class DLPackOnly:  # exposes its memory through DLPack alone, not the buffer protocol
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __dlpack__(self, **kwargs):
+            return self.arr.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.arr.__dlpack_device__()
+
+    comm = mpidp.Comm(MPI.COMM_WORLD)
+    n = comm.Get_size()
+    y = np.zeros(3)
+    comm.Allreduce(DLPackOnly(np.arange(3.0)), DLPackOnly(y))
+    assert np.array_equal(y, np.arange(3.0) * n)
+    double = MPI.DOUBLE.Dup()
+    comm.Allreduce(MPI.IN_PLACE, [y, double])
+    assert np.array_equal(y, np.arange(3.0) * n * n)
+    double.Free()

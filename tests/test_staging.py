@@ -1,4 +1,5 @@
-"""The GPU path, tested without a GPU: staging, stream sync, CUDA-awareness detection.
+"""Staging: the GPU path, tested without a GPU (staging, stream sync, CUDA-awareness
+detection), and the scratch pool.
 
 Real CuPy runs are in `make gpu-check` (examples/gpu_check.py) on a machine with
 a GPU; here a stand-in device array and a stand-in `cupy` module record what the
@@ -176,3 +177,14 @@ def test_cupy_collectives_match_mpi(mpi_ranks):
             y = cp.empty_like(x)
             mpidp.allreduce(comm, x, y, algorithm=algorithm)
             assert np.array_equal(cp.asnumpy(y), want), (algorithm, count)
+
+
+def test_scratch_pool_reuses_buffers_of_the_same_size():
+    pool = ScratchPool()
+    like = np.zeros(1, np.float32)
+    a = pool.take(like, 100)
+    pool.give(a)
+    assert pool.take(like, 100) is a  # reused, not reallocated
+    b = pool.take(like, 100)
+    assert b is not a  # two collectives in flight get two buffers
+    assert pool.take(np.zeros(1, np.float64), 100).dtype == np.float64

@@ -1,0 +1,31 @@
+"""Communicator stand-ins the tests wrap around a real one."""
+
+
+class NoCollectives:
+    """A communicator whose own collectives fail: proves mpidp.Comm never calls them."""
+
+    COLLECTIVES = {"Allreduce", "Iallreduce", "Reduce_scatter", "Ireduce_scatter",
+                   "Reduce_scatter_block", "Ireduce_scatter_block", "Allgather", "Iallgather",
+                   "Allgatherv", "Iallgatherv", "Bcast", "Ibcast", "Barrier", "Reduce",
+                   "Gather", "Alltoall", "allreduce", "allgather", "bcast"}
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.tags = []  # the tag of every message sent or received
+
+    def __getattr__(self, name):
+        if name in self.COLLECTIVES:
+            raise AssertionError(f"mpidp.Comm called the wrapped comm's {name}")
+        return getattr(self.comm, name)
+
+    def Isend(self, buf, dest, tag=0):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.tags.append(tag)
+        return self.comm.Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        self.tags += [sendtag, recvtag]
+        return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
