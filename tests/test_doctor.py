@@ -285,6 +285,8 @@ def test_the_replay_says_what_it_cannot_replay(diagnosed, name, capsys):
         pytest.skip("-disable-auto-cleanup is MPICH Hydra's; not run under Open MPI")
     from mpidp.doctor.__main__ import main
 
+    if not diagnosed[name][0].is_dir():  # (the scenario's own test fails for that)
+        pytest.skip(f"the {name} scenario's job left no record to replay")
     assert main([str(diagnosed[name][0]), "--replay"]) == 0
     out = capsys.readouterr().out
     why = {"killed": "cannot replay: rank 1 left no record",
