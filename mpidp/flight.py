@@ -77,8 +77,37 @@ def folder() -> str:
 
 
 # An entry is a list, not an object: it is made on every call's path, and a list of
-# nine costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us).
-SEQ, FILE, LINE, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
+# nine costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us). The
+# call site is kept as the frame's code object and its instruction offset (`site`
+# makes file:line of them when a dump is taken): a frame's f_lineno searches the
+# code's line table.
+SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
+_time = time.time
+_getframe = sys._getframe
+# where the last call site was: the depth above Recorder.add of the frame below it
+# (mpidp's), the site's code and that frame's, checked by identity (`Recorder.add`),
+# found by `_walk`
+_last = (3, None, None)
+
+
+def _walk():
+    """The first frame outside mpidp above `Recorder.add`, remembered in `_last`."""
+    global _last
+    depth, below = 2, _getframe(2)  # (Recorder.add's caller's caller: an entry point)
+    f = below.f_back
+    while f.f_back is not None and f.f_code.co_filename.startswith(_HERE):
+        below, f, depth = f, f.f_back, depth + 1
+    _last = (depth - 1, f.f_code, below.f_code)
+    return f
+
+
+def site(entry: list) -> tuple[str, int | None]:
+    """(file, line) of the call site an entry holds."""
+    code, lasti = entry[CODE], entry[LASTI]
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return code.co_filename, line
+    return code.co_filename, code.co_firstlineno
 
 
 def fail(entry: list, e: BaseException) -> None:
@@ -98,10 +127,11 @@ def fail(entry: list, e: BaseException) -> None:
 class Recorder:
     """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
 
-    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "__weakref__")
+    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "append", "__weakref__")
 
     def __init__(self, base, k: int):
         self.calls: collections.deque = collections.deque(maxlen=k)
+        self.append = self.calls.append  # (bound once: `add` is on every call's path)
         self.comm_id, self.how, self.members = _identify(base)
         try:
             self.size, self.rank = base.Get_size(), base.Get_rank()
@@ -111,13 +141,23 @@ class Recorder:
 
     def add(self, seq) -> list:
         """Record a call numbered `seq`, made from the first frame outside mpidp: the
-        entry [seq, file, line, time, state, signed, tag, error, request]."""
-        f = sys._getframe(2)
-        while f.f_back is not None and f.f_code.co_filename.startswith(_HERE):
-            f = f.f_back
-        entry = [seq, f.f_code.co_filename, f.f_lineno, time.time(), PLANNED, None, None,
-                 None, None]
-        self.calls.append(entry)
+        entry [seq, code, offset, time, state, signed, tag, error, request].
+
+        Walking up frame by frame makes a frame object of each (`_walk`); most calls
+        come the way the last one did, so the frame where the last site was is tried
+        first: it is the site if its code and the code of the frame below are the
+        last site's (then the one below is mpidp's, and the site is not)."""
+        depth, code, below_code = _last
+        try:
+            below = _getframe(depth)
+        except ValueError:  # not that many frames
+            below = None
+        f = None if below is None else below.f_back
+        if f is None or f.f_code is not code or below.f_code is not below_code:
+            f = _walk()
+            code = f.f_code
+        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
+        self.append(entry)
         return entry
 
 
@@ -252,8 +292,12 @@ def _live(entry: list, frames) -> dict:
 
 
 def _entry(e: list, frames) -> dict:
-    d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": e[FILE], "line": e[LINE],
-         "site": f"{e[FILE]}:{e[LINE]}", "t": e[T]}
+    file, line = site(e)
+    d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": file, "line": line,
+         "site": f"{file}:{line}", "t": e[T],
+         # an I-form's (and a persistent one's) entry holds its request from the start; a
+         # blocking call's only once its deadline passed (`fail`, from the driver's frame)
+         "blocking": e[REQUEST] is None or e[STATE] == TIMED_OUT}
     if e[SIGNED] is not None:
         d["collective"] = e[SIGNED].collective
         d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)

@@ -117,7 +117,7 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
         sys.stdout.flush()  # what this rank printed so far: Abort would lose it
     except BaseException:  # noqa: BLE001 -- a closed or broken stdout must not stop the abort
         pass
-    dumped = _flight_dump(message)
+    dumped = _dumped or _flight_dump(message)
     try:
         message += _departures(comm)
         record = f" (flight record: {dumped})" if dumped else ""
@@ -137,6 +137,7 @@ def abort(message: str, code: int = EXIT_ERROR, comm=None) -> None:
 
 
 _raised: BaseException | None = None  # the exception ending the job, for the flight record
+_dumped: str | None = None  # its record, written before the traceback was printed (`_end_job`)
 
 
 def _flight_dump(message: str) -> str | None:
@@ -184,11 +185,16 @@ def _end_job(e: BaseException, what: str, comm) -> None:
     tb = e.__traceback__  # from the program's own frames: skip run()'s and runpy's
     while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
+    message = f"{what} failed: {type(e).__name__}: {_text(e, 'exception')}"
+    # The record first: the traceback goes to stderr through the launcher, which may be
+    # slow or gone (a rank killed), and the record must not wait for it.
+    global _dumped
+    _dumped = _flight_dump(message)
     try:  # its __str__ may raise: traceback copes; a closed stderr it does not
         traceback.print_exception(type(e), e, tb)
     except BaseException:  # noqa: BLE001 -- an exception that cannot be printed still ends the job
         pass
-    abort(f"{what} failed: {type(e).__name__}: {_text(e, 'exception')}", code, comm)
+    abort(message, code, comm)
 
 
 def run(main: Callable[[], int | None], what: str, comm=None, farewell: bool = False) -> int:

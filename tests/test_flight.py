@@ -40,6 +40,7 @@ def test_each_call_is_recorded_with_its_signature_site_and_state(shared_dir):
     assert (calls[0]["count"], calls[0]["dtype"], calls[0]["op"], calls[0]["algorithm"]) == \
         (5, "float64", "sum", "ring")
     assert calls[1]["root"] == 0 and "root" in calls[2]["error"]
+    assert [c["blocking"] for c in calls[:2]] == [True, False]  # (the replay reads it)
     # a duplicate's id is its parent's and its place among the parent's duplicates
     ids = comm.allgather(state(comm).flight.comm_id)
     assert len(set(ids)) == 1 and ids[0].startswith("world.")
@@ -93,3 +94,59 @@ def test_mpidp_flight_0_records_nothing(monkeypatch):
     assert flight.recorder(MPI.COMM_SELF) is None
     monkeypatch.setenv("MPIDP_FLIGHT", "7")
     assert flight.recorder(MPI.COMM_SELF).calls.maxlen == 7
+
+
+def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
+    """The recorder tries the frame where the last call site was first (`Recorder.add`):
+    entry points of other depths, one after another, each still name the program's line."""
+    comm = MPI.COMM_SELF.Dup()
+    x, wrapped, lines = np.ones(2), mpidp.Comm(comm), []
+
+    def nested():
+        mpidp.allreduce(comm, MPI.IN_PLACE, x); return sys._getframe().f_lineno  # noqa: E702
+
+    for how in ("api", "Comm", "api", "nested", "Comm", "nested", "i", "api"):
+        if how == "api":
+            mpidp.allreduce(comm, MPI.IN_PLACE, x); lines.append(sys._getframe().f_lineno)  # noqa: E702
+        elif how == "Comm":
+            wrapped.Allreduce(MPI.IN_PLACE, x); lines.append(sys._getframe().f_lineno)  # noqa: E702
+        elif how == "nested":
+            lines.append(nested())
+        else:
+            wrapped.Iallreduce(MPI.IN_PLACE, x).Wait(); lines.append(sys._getframe().f_lineno)  # noqa: E702
+    assert [c["site"] for c in calls_of(comm)] == [f"{__file__}:{n}" for n in lines]
+    walked = []
+    real, flight._walk = flight._walk, lambda: walked.append(1) or real()
+    try:
+        for _ in range(3):  # the way the last one came: found without walking up
+            mpidp.allreduce(comm, MPI.IN_PLACE, x); line = sys._getframe().f_lineno  # noqa: E702
+    finally:
+        flight._walk = real
+    assert walked == [] and calls_of(comm)[-1]["line"] == line
+    comm.Free()
+
+
+def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, monkeypatch):
+    """The traceback goes to stderr through the launcher, which may be slow or gone: the
+    record is written first."""
+    from mpidp import watchdog
+
+    class Aborted(BaseException):
+        pass
+
+    def abort(message, code, comm):
+        raise Aborted(message)
+
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
+    for name, value in (("abort", abort), ("_exit_later", lambda code: None),
+                        ("_dumped", None), ("_raised", None)):
+        monkeypatch.setattr(watchdog, name, value)
+    monkeypatch.setattr(flight, "ending", False)
+    monkeypatch.setattr(flight, "ask_peers", lambda: None)
+    printed = []
+    monkeypatch.setattr(watchdog.traceback, "print_exception",
+                        lambda *a: printed.append(sorted(os.listdir(tmp_path))))
+    with pytest.raises(Aborted, match="prog.py failed: RuntimeError: x"):
+        watchdog._end_job(RuntimeError("x"), "prog.py", None)
+    assert printed == [["flight-rank-0.json"]]
+    assert watchdog._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other

@@ -7,6 +7,12 @@ machine whose load changes affects both alike; each run times `calls` blocking
 all-reduces of one float64 and reports the median per-call time of its rank 0.
 The printed figures are the medians over `reps` runs of each, their difference, and
 the median of the differences of each on run and the off run after it.
+
+    valgrind --tool=callgrind python -m mpidp.bench.flight --only on --calls 2000
+
+runs the calls once, untimed, with the recorder on (or ``off``): the instructions of
+two such runs (``--calls 0`` and ``--calls 2000``) differ by 2000 calls' worth, a
+count the machine's load does not move (docs/benchmarks-notes.md).
 """
 
 from __future__ import annotations
@@ -42,12 +48,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.flight")
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--only", choices=("on", "off"),
+                   help="run the calls once, untimed, the recorder on or off (for valgrind)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD.Dup()
     x = np.ones(1)
     st = state(comm)
     recorder = st.flight
-    per_call(comm, x, 1000)  # warm-up
+    per_call(comm, x, 50 if args.only else 1000)  # warm-up (set-up, the call site found)
+    if args.only:
+        st.flight = recorder if args.only == "on" else None
+        if args.calls:
+            per_call(comm, x, args.calls)
+        comm.Free()
+        return 0
     on, off = [], []
     for _ in range(args.reps):
         for mode, out in ((recorder, on), (None, off)):

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import flight
 from ..config import debug_enabled
-from ..flight import SIGNED, STARTED, STATE, TAG
+from ..flight import COMPLETE, ERROR, SIGNED, STARTED, STATE, TAG
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .checks import agree
@@ -174,9 +174,8 @@ class Call:
         if self.slot is not None:
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None and self.entry[STATE] in (flight.PLANNED, STARTED,
-                                                            flight.PERSISTENT):
-            self.entry[STATE] = flight.COMPLETE  # (or failed while it ran: Request.error)
+        if self.entry is not None and self.entry[ERROR] is None:  # not failed nor timed out
+            self.entry[STATE] = COMPLETE  # (or failed while it ran: Request.error)
 
     def failed(self, e: BaseException) -> None:
         """Planning or running raised `e`: the slot goes back, the record says why."""

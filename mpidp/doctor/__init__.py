@@ -1,6 +1,6 @@
 """The hang doctor: read every rank's flight record (`mpidp.flight`) and say why the job hung.
 
-    python -m mpidp.doctor DIR [--json] [--plot FILE.png]
+    python -m mpidp.doctor DIR [--json] [--plot FILE.png] [--replay]
 
 The records are lined up by communicator id and sequence number (the k-th
 collective on a communicator is collective #k on every member rank). What it
@@ -21,6 +21,9 @@ The waits-for graph has an arrow a -> b when rank a, in a collective in flight,
 waits in its current round for a message from (or to) rank b, or waits in a
 collective that b has not reached. Its cycles and its roots (ranks waited for
 that wait for nobody) are reported.
+
+``--replay`` runs every rank's recorded collectives again in `mpidp.sim`, in one
+process, and sets its stalls beside the records' (`mpidp.doctor.replay`).
 """
 
 from __future__ import annotations

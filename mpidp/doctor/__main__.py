@@ -1,5 +1,7 @@
-"""``python -m mpidp.doctor DIR [--json] [--plot FILE.png]``: why the job whose flight
-records are in DIR hung, in plain words (the cause in one line, then the evidence).
+"""``python -m mpidp.doctor DIR [--json] [--plot FILE.png] [--replay]``: why the job whose
+flight records are in DIR hung, in plain words (the cause in one line, then the evidence);
+``--replay`` runs the recorded collectives again in mpidp.sim and says whether the same
+ranks stall in the same rounds (`mpidp.doctor.replay`).
 
 Exit code 0 with a diagnosis, 2 when DIR holds no readable record.
 """
@@ -63,15 +65,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", help="the folder of the flight records (MPIDP_FLIGHT_DIR)")
     p.add_argument("--json", action="store_true", help="the diagnosis as JSON")
     p.add_argument("--plot", metavar="FILE", help="draw the waits-for graph to FILE (PNG)")
+    p.add_argument("--replay", action="store_true",
+                   help="run every rank's recorded collectives in mpidp.sim (one process, no "
+                        "MPI) and compare where they stall with the records")
     args = p.parse_args(argv)
     if argv is None:  # as a command: `| head` ends it quietly, as it does other tools
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        d = diagnose(load(args.folder))
+        records = load(args.folder)
+        d = diagnose(records)
     except Unreadable as e:
         print(f"mpidp.doctor: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(d, indent=1, default=str) if args.json else text(d, args.folder))
+    if args.replay:
+        from . import replay
+
+        d["replay"] = replay.replay(records)
+    if args.json:
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        print(text(d, args.folder))
+        if args.replay:
+            print("\n" + "\n".join(replay.text(d["replay"])))
     if args.plot:
         from .plot import draw
 

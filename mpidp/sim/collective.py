@@ -17,7 +17,7 @@ from mpidp.collectives.algorithms.ops import resolve_op
 from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
 from mpidp.collectives.plans import through_packed
 
-from .engine import TIMEOUT, Sim
+from .engine import TIMEOUT, Sim, TallyOp
 
 TABLES = {"allreduce": ALLREDUCE, "reduce_scatter": REDUCE_SCATTER,
           "allgather": ALLGATHER, "bcast": BCAST}
@@ -222,3 +222,28 @@ def reference(collective: str, blocks: Blocks, inputs, op, root: int = 0) -> lis
     if collective == "allreduce":
         return [total] * N
     return [blocks.view(total, r) for r in range(N)]
+
+
+def rounds_of(collective: str, algorithm: str, comm, count, dtype="float64", op="sum",
+              root: int = 0):
+    """One rank's generator of `collective` by `algorithm` on `comm` (a `SimComm`), on
+    buffers of the sizes the entry point gives it and no data (`TallyOp`): for a run that
+    matches messages and moves none (`sequence.run_sequences`, the doctor's replay).
+
+    Args:
+        count: as a flight record gives it (`plan.signed`): all-reduce and broadcast,
+            the items; reduce-scatter and all-gather, the items of each rank's block.
+    """
+    fn, scratch_items, _ = resolve(collective, algorithm)
+    dt, N = np.dtype(dtype), comm.Get_size()
+    if collective == "bcast":
+        return fn(comm, np.zeros(count, dt), root)
+    if collective == "allgather":
+        blocks = Blocks(list(count))
+        return fn(comm, np.zeros(blocks.total, dt), blocks)
+    blocks = Blocks(list(count)) if collective == "reduce_scatter" else Blocks.even(count, N)
+    if blocks.total == 0 and collective == "allreduce":
+        return iter(())  # the entry point sends nothing
+    the_op = TallyOp(resolve_op(op), [0] * N, comm.Get_rank())
+    return fn(comm, np.zeros(blocks.total, dt), blocks, the_op,
+              np.zeros(scratch_items(blocks), dt), None)

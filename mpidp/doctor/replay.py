@@ -1,0 +1,181 @@
+"""``--replay``: every rank's recorded collectives run again in `mpidp.sim`, in one process.
+
+Each rank's program is the collectives its record holds, on every communicator,
+in the order it called them (the time of each call), each with what the record
+says: the collective, count, dtype, op, algorithm (the one ``auto`` picked),
+root, the communicator's members, the tag the runtime formed (the call's slot
+in its communicator's sequence with its signature folded in), and whether the
+call blocked. `mpidp.sim.sequence.run_sequences` runs them with the unchanged
+algorithms, a message matching only one with the same communicator, peer and
+tag; a rank stalls where nothing it waits for can come. Then the replay's
+stalls are set beside the records': the same ranks stuck in the same
+collectives and rounds is the hang reproduced, deterministically, without MPI.
+
+What it reproduces: hangs that come of the collectives themselves, their order
+on each rank (a skipped call, two calls or two communicators in other orders)
+and their arguments (another count, dtype, op, root or algorithm: other tags,
+so no match). What it cannot: what a rank did outside mpidp's collectives (its
+own compute, sleep, point-to-point calls, an exception): that rank shows as one
+that finished its recorded collectives, and the others stall waiting for it, as
+they did. Nor a rank with no record (killed), collectives that fell out of the
+record (only the last ``MPIDP_FLIGHT`` are kept: the replay starts where every
+rank still has them), persistent collectives (one entry for all their starts)
+and exact sums (their two passes are one entry): those calls are left out,
+and said so.
+"""
+
+from __future__ import annotations
+
+from mpidp.sim.collective import TABLES, rounds_of
+from mpidp.sim.engine import SimComm
+from mpidp.sim.reports import ScheduleError
+from mpidp.sim.sequence import Collective, run_sequences
+
+from . import IN_FLIGHT, ranks_text
+
+CAN = ("it reproduces hangs that come of the collectives' order and arguments; not a rank "
+       "stuck in its own compute or point-to-point (that rank shows as one that finished "
+       "its recorded collectives, the others waiting for it)")
+
+
+def _replayable(call: dict) -> str | None:
+    """Why `call` cannot be replayed (None: it can)."""
+    if call.get("state") == "persistent":
+        return "a persistent collective (one entry for all its starts)"
+    name, algo = call.get("collective"), call.get("algorithm")
+    if name is None or call.get("tag") is None:
+        return None if call.get("state") == "failed" else "no signature recorded"
+    if name not in TABLES or algo not in TABLES[name]:
+        return f"algorithm {algo!r} of {name} is not one the simulator runs alone"
+    return None
+
+
+def programs(records: dict[int, dict]) -> tuple[list, list[str], list[str]]:
+    """(each rank's list of `Collective`, notes, why the replay cannot be run: [] if it can)."""
+    size = max(rec["size"] for rec in records.values())
+    missing = [r for r in range(size) if r not in records]
+    if missing:
+        return [], [], [f"{ranks_text(missing)} left no record: what "
+                        f"{'it' if len(missing) == 1 else 'they'} called is not known"]
+    hosts: dict = {}
+    placement = tuple(hosts.setdefault(records[r].get("host"), len(hosts)) for r in range(size))
+    # where every member still has its calls: the last MPIDP_FLIGHT are kept
+    start: dict[str, int] = {}
+    for rec in records.values():
+        for c in rec["comms"]:
+            seqs = [k["seq"] for k in c["calls"] if k.get("seq") is not None]
+            if seqs:
+                start[c["id"]] = max(start.get(c["id"], 0), min(seqs))
+    notes = [f"{cid}: replayed from #{s} on (the records keep the last calls only; the ones "
+             "before are taken as complete)" for cid, s in sorted(start.items()) if s > 0]
+    progs, left_out = [], []
+    for r in range(size):
+        calls = []
+        for c in records[r]["comms"]:
+            members = tuple(c["members"]) if c.get("members") else tuple(range(c["size"]))
+            sub = tuple(placement[m] for m in members)
+            for k in c["calls"]:
+                if k.get("seq") is None and start.get(c["id"], 0) > 0 or \
+                        k.get("seq") is not None and k["seq"] < start.get(c["id"], 0):
+                    continue
+                why = _replayable(k)
+                if why is not None:
+                    left_out.append(f"rank {r}: {k.get('collective', '?')} #{k.get('seq')} on "
+                                    f"{c['id']}: {why}")
+                    continue
+                if k.get("collective") is None:  # it raised before it had a signature
+                    continue
+                comm = SimComm(c["rank"], c["size"], sub if len(set(sub)) > 1 else None)
+                gen = rounds_of(k["collective"], k["algorithm"], comm, k["count"],
+                                k.get("dtype", "float64"), k.get("op") or "sum",
+                                k.get("root") or 0)
+                calls.append((k["t"], k.get("seq") or 0, Collective(
+                    gen, k["tag"], c["id"], members, k.get("blocking", True), (c["id"], k))))
+        calls.sort(key=lambda x: x[:2])
+        progs.append([x[2] for x in calls])
+    persistent = [x for x in left_out if "persistent" in x]
+    if persistent:  # its starts are not recorded: where they come in each program is unknown
+        return [], [], [f"{persistent[0]}, and {len(persistent) - 1} more" if
+                        len(persistent) > 1 else persistent[0]]
+    if left_out:
+        notes.append("left out: " + "; ".join(left_out[:6])
+                     + (f"; and {len(left_out) - 6} more" if len(left_out) > 6 else ""))
+    return progs, notes, []
+
+
+def _live(records) -> dict[int, set]:
+    """rank -> {(comm, seq, round)} of the collectives in flight in its record."""
+    out: dict[int, set] = {}
+    for r, rec in records.items():
+        for c in rec["comms"]:
+            for k in c["calls"]:
+                if k.get("state") in IN_FLIGHT and _replayable(k) is None:
+                    out.setdefault(r, set()).add((c["id"], k.get("seq"), k.get("round")))
+    return out
+
+
+def replay(records: dict[int, dict]) -> dict:
+    """The replay as data: each rank's stalls, beside its record's, and whether they agree."""
+    progs, notes, cannot = programs(records)
+    size = max(rec["size"] for rec in records.values())
+    d = {"can": CAN, "notes": notes, "ranks": {}, "reproduced": False}
+    if cannot:
+        d["error"] = "cannot replay: " + "; ".join(cannot)
+        return d
+    try:
+        run = run_sequences(progs)
+    except ScheduleError as e:
+        d["error"] = f"the replay stopped: {e}"
+        return d
+    live = _live(records)
+    same = True
+    for r in range(size):
+        mine = [{"comm": s.label[0], "seq": s.label[1].get("seq"),
+                 "collective": s.label[1].get("collective"), "site": s.label[1].get("site"),
+                 "round": s.round, "blocking": s.label[1].get("blocking", True),
+                 "pending": [{"kind": p.kind, "peer": p.world} for p in s.pending]}
+                for s in run.stalls.get(r, [])]
+        got = {(s["comm"], s["seq"], s["round"]) for s in mine}
+        want = live.get(r, set())
+        # a live round the dump could not read (None) matches any
+        agree = {(c, q) for c, q, _ in got} == {(c, q) for c, q, _ in want} and all(
+            rnd is None or (c, q, rnd) in got for c, q, rnd in want)
+        same &= agree
+        d["ranks"][r] = {"stalls": mine, "calls": run.lengths[r], "agrees": agree,
+                         "recorded": sorted([list(x) for x in want], key=str)}
+    d["stalled"], d["finished"] = run.stalled, run.finished
+    d["reproduced"] = same and bool(run.stalled)
+    return d
+
+
+def text(d: dict) -> list[str]:
+    """The replay as the doctor prints it."""
+    out = ["replay (mpidp.sim: every rank's recorded collectives in one process, no MPI, "
+           "with the runtime's tags):"]
+    if "error" in d:
+        return out + [f"  {d['error']}", f"  ({d['can']})"]
+    for r, x in sorted(d["ranks"].items()):
+        line = f"  rank {r}: " + ("; ".join(map(_stall, x["stalls"])) or
+                                  f"finished its {x['calls']} recorded collective(s)")
+        if not x["agrees"]:
+            line += "  <- the record differs: " + (", ".join(
+                f"{c} #{q} round {rnd}" for c, q, rnd in x["recorded"]) or "in no collective")
+        out.append(line)
+    if d["reproduced"]:
+        out.append(f"  reproduced: {ranks_text(d['stalled'])} stall in the same collectives "
+                   "and rounds as in the records")
+    elif not d["stalled"]:
+        out.append("  not reproduced: every recorded collective completes in the replay "
+                   "(the hang is outside them, or in what the records left out)")
+    else:
+        out.append("  not reproduced exactly: the replay's stalls differ from the records'")
+    out += [f"  note: {n}" for n in d["notes"]]
+    out.append(f"  ({d['can']})")
+    return out
+
+
+def _stall(s: dict) -> str:
+    waits = ", ".join(f"{p['kind']} {'from' if p['kind'] == 'recv' else 'to'} {p['peer']}"
+                      for p in s["pending"])
+    return (f"stalls in {s['collective']} #{s['seq']} on {s['comm']} round {s['round']}"
+            + (f" ({waits})" if waits else ""))
