@@ -86,10 +86,11 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                   f"{args.epochs} asks for no more", flush=True)
         return 0
     tracer = Tracer(rank) if args.trace else None
+    P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
     opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
     if rank == 0:
-        print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
+        print(f"mpidp: {size} rank(s), MLP {sizes} ({P} params, {args.dtype}), "
               f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
@@ -155,8 +156,9 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             break
         elapsed = time.perf_counter() - t_epoch
         correct = xp.asarray(0)
-        if len(y_test):
-            correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
+        with ddp.gathered():  # --zero 3: every parameter whole for a moment (collective)
+            if len(y_test):
+                correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
         totals = np.array([*stats, int(correct), len(y_test)], dtype=np.float64)
         mpidp.allreduce(comm, mpidp.IN_PLACE, totals, op="sum")
         save(epoch + 1, 0)

@@ -100,15 +100,18 @@ class DataParallel:
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
         optimizer: what `step()` runs (with ZeRO: required, its kind, hyper-parameters
             and state are taken for this rank's shard; step with ``step()``, not it).
-        zero: the ZeRO stage, 0 (replicas) .. 2 (`zero.py`).
-        prefetch: ZeRO: `step()` leaves the parameters' all-gather running into the next
-            forward, which waits layer by layer.
+        zero: the ZeRO stage, 0 (replicas) .. 3 (`zero.py`, `zero3.py`; stage 3 buckets
+            one unit each, whatever ``bucket_mb``).
+        prefetch: ZeRO 1, 2: `step()` leaves the parameters' all-gather running into the
+            next forward, which waits layer by layer; 3: each unit's all-gather starts
+            while the unit before it (forward; after it, backward) runs.
         deterministic: bitwise the result of one rank on the global batch (see above);
             RuntimeError where this process cannot promise it (`determinism.py`).
 
     Attributes: ``reducer`` (`reducers.py`), ``optimizer`` (with ZeRO the shard's), and
-    with ZeRO ``layout``, ``grad_shard`` (this rank's averaged gradients), ``flat_params``
-    (stages 1, 2: ``model.params`` are views of it).
+    with ZeRO ``layout``, ``grad_shard`` (this rank's averaged gradients), ``param_shard``,
+    ``flat_params`` (stages 1, 2: ``model.params`` are views of it; stage 3: they are None
+    between steps, see `gathered`).
     """
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
@@ -139,6 +142,8 @@ class DataParallel:
         replicate(model, self.comm)
         if debug:
             check_replicas(model.params, self.comm)
+        if zero == 3:  # a unit's parameters are gathered, and its gradients reduced, alone
+            bucket_mb = first_bucket_mb = 0
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}  # completed by unit i
         self.reducer = reducer(model, self.comm, self.buckets, optimizer, algorithm,
@@ -316,6 +321,5 @@ class ShardedDataParallel(DataParallel):
 
     def __init__(self, model, comm, *args, zero: int = 1, **kw):
         if zero not in STAGES[1:]:
-            raise ValueError(f"zero must be {' or '.join(map(str, STAGES[1:]))} for sharded "
-                             f"data parallelism, not {zero!r}")
+            raise ValueError(f"zero must be 1, 2 or 3 for sharded data parallelism, not {zero!r}")
         super().__init__(model, comm, *args, zero=zero, **kw)

@@ -158,11 +158,13 @@ class MLP:
         h = x  # (B, D0)
         for i in range(1, self.layers + 1):
             W, b = self.params[f"W{i}"], self.params[f"b{i}"]
-            h, lin_cache = linear_forward(h, W, b)  # (B, D_i)
+            h, (x_in, _) = linear_forward(h, W, b)  # (B, D_i)
             act_cache = None
             if i < self.layers:
                 h, act_cache = act_forward(h)  # (B, D_i)
-            caches.append((lin_cache, act_cache))
+            # not W: backward reads it from params again, so that ZeRO stage 3 may free
+            # a gathered W after forward (and gather it again for backward)
+            caches.append((x_in, act_cache))
             if on_layer is not None:
                 on_layer(i)
         self.cache = caches
@@ -181,7 +183,8 @@ class MLP:
         _, act_backward = ACTIVATIONS[self.activation]
         dout = dlogits  # (B, C)
         for i in range(self.layers, 0, -1):
-            lin_cache, act_cache = self.cache[i - 1]
+            x_in, act_cache = self.cache[i - 1]
+            lin_cache = (x_in, self.params[f"W{i}"])  # (B, in), (in, out)
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
             dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
