@@ -142,7 +142,7 @@ bench: $(STAMP)
 	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
 	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
-# `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
+# `make zero-table`: memory per rank under ZeRO stages 0-3 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.
 zero-table: ZERO_RANKS ?= 1 2 3 4 5 6 7 8
 zero-table: $(STAMP)

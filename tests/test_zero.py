@@ -500,13 +500,14 @@ def test_the_memory_bench_measures_the_formulas_and_writes_the_table(mpi_ranks, 
     comm.Barrier()
     if comm.Get_rank() == 0:
         rows = json.load(open(f"{shared_dir}/zero-n3.json"))["rows"]
-        assert len(rows) == 6 and all(r["states"] == r["formula"] for r in rows)
+        assert len(rows) == 8 and all(r["states"] == r["formula"] for r in rows)
         doc = f"{shared_dir}/doc.md"
         with open(doc, "w") as f:
             f.write("before\n" + "\n".join(bench.MARK) + "\nafter\n")
         bench.main(["--report", shared_dir, "--doc", doc])
         text = open(doc).read()
         assert text.startswith("before\n<!-- zero-table -->\n") and text.endswith("after\n")
-        assert "| 3 | Adam | 2 | 275616 | 183744 | 137808 | 66.67% | 50.00% |" in text
+        assert "| 3 | Adam | 2 | 275616 | 183744 | 137808 | 91888 | 66.67% | 50.00% | 33.34% |" \
+            in text
         rows[0]["states"] += 1  # a figure off its formula is marked, not hidden
         assert "✗" in "\n".join(bench.tables([{"rows": rows}]))

@@ -157,13 +157,13 @@ class MLP:
         caches = []
         h = x  # (B, D0)
         for i in range(1, self.layers + 1):
-            W, b = self.params[f"W{i}"], self.params[f"b{i}"]
-            h, (x_in, _) = linear_forward(h, W, b)  # (B, D_i)
+            x_in = h  # (B, D_{i-1})
+            h = linear_forward(x_in, self.params[f"W{i}"], self.params[f"b{i}"])[0]  # (B, D_i)
             act_cache = None
             if i < self.layers:
                 h, act_cache = act_forward(h)  # (B, D_i)
-            # not W: backward reads it from params again, so that ZeRO stage 3 may free
-            # a gathered W after forward (and gather it again for backward)
+            # not W (nor a name bound to it past on_layer): backward reads it from params
+            # again, so that ZeRO stage 3 may free a gathered W after its layer
             caches.append((x_in, act_cache))
             if on_layer is not None:
                 on_layer(i)
@@ -184,11 +184,10 @@ class MLP:
         dout = dlogits  # (B, C)
         for i in range(self.layers, 0, -1):
             x_in, act_cache = self.cache[i - 1]
-            lin_cache = (x_in, self.params[f"W{i}"])  # (B, in), (in, out)
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
-            dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
-            dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
+            dout = linear_backward(dout, (x_in, self.params[f"W{i}"]), self.grads[f"W{i}"],
+                                   self.grads[f"b{i}"], accumulate, need_dx=i > 1)
             if on_grad is not None:
                 on_grad(i)
         self.cache = None  # free the activations, as autograd does
