@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp import watchdog
-from mpidp.collectives import buffers
+from mpidp.collectives.engine import staging as buffers
 
 
 def say(comm, *args):

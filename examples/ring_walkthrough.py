@@ -14,9 +14,10 @@ from mpi4py import MPI
 
 from mpidp import watchdog
 from mpidp.collectives import SUM
-from mpidp.collectives.blocks import Blocks
-from mpidp.collectives.ring import ring_allreduce
-from mpidp.collectives.schedule import Send, exchange
+from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.ring import ring_allreduce
+from mpidp.collectives.algorithms.rounds import Send
+from mpidp.collectives.engine.driver import exchange
 
 
 def block_of(view, buf, blocks) -> str:

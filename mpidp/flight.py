@@ -87,7 +87,7 @@ def fail(entry: list, e: BaseException) -> None:
     entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
     if isinstance(e, TimeoutError):
         entry[STATE] = TIMED_OUT
-        from .collectives import schedule
+        from .collectives.engine import driver as schedule
         tb = e.__traceback__
         while tb is not None and entry[REQUEST] is None:
             if tb.tb_frame.f_code is schedule.run.__code__:
@@ -235,7 +235,9 @@ def _live(entry: list, frames) -> dict:
     request = entry[REQUEST]
     if request is not None and hasattr(request, "_lock"):
         return _round_of(request)
-    from .collectives import schedule  # the blocking driver's frame holds what it runs
+    from .collectives.engine import (
+        driver as schedule,  # the blocking driver's frame holds what it runs
+    )
     for frame in frames:
         f = frame
         while f is not None:

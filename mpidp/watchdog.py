@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from mpi4py import MPI
 
 from . import flight
-from .collectives.completion import check_timeout, timeout_from_env  # noqa: F401 (re-exported)
+from .collectives.engine.completion import check_timeout, timeout_from_env
 from .farewell import Farewell
 
 EXIT_TIMEOUT = 124  # the code `timeout(1)` uses

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from mpidp.collectives import ops as O
+from mpidp.collectives.algorithms import ops as O
 
 DTYPES = ["int32", "int64", "uint8", "float16", "float32", "float64", "complex128"]
 OPS = {  # our op -> MPI's op (avg: MPI sum / N)

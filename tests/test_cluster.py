@@ -126,7 +126,7 @@ def rank_placed(algorithm: str, items: int, calls: int) -> None:
     from mpi4py import MPI
 
     import mpidp
-    from mpidp.collectives import topology
+    from mpidp.collectives import placement
 
     comm = MPI.COMM_WORLD
     x = np.ones(items, np.float32)
@@ -134,7 +134,7 @@ def rank_placed(algorithm: str, items: int, calls: int) -> None:
         x.fill(1.0)
         mpidp.allreduce(comm, mpidp.IN_PLACE, x, algorithm=algorithm)
         assert (x == comm.Get_size()).all(), algorithm
-    hosts = topology.placement(comm)  # collective (learned already, or now: every rank)
+    hosts = placement.placement(comm)  # collective (learned already, or now: every rank)
     if comm.Get_rank() == 0:
         print("PLACEMENT " + json.dumps(hosts), flush=True)
 

@@ -22,7 +22,7 @@ from differential import FORMS, Case, check_against_native, results, run_case
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives.comm import Request
+from mpidp.collectives.dropin.comm import Request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 mpi_1_to_8 = pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=120)

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives.comm import Request
+from mpidp.collectives.dropin.comm import Request
 
 
 def errors_mpi4py_raises(n: int) -> list:

@@ -24,7 +24,7 @@ from oracle import (
 
 import mpidp
 from mpidp.collectives import checks, state
-from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.algorithms.blocks import Blocks
 
 KINDS = [("allreduce", a) for a in mpidp.ALGORITHMS["allreduce"]] + \
         [("reduce_scatter", a) for a in mpidp.ALGORITHMS["reduce_scatter"]] + \
@@ -486,7 +486,7 @@ def test_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline(mp
     """On rank 0 a second thread starts a collective while the main thread's is in flight:
     it raises there, naming both threads; the other ranks, which wait for rank 0's second
     collective, end at MPIDP_TIMEOUT with a message that points at such a rank."""
-    from mpidp.collectives import completion
+    from mpidp.collectives.engine import completion
 
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()

@@ -13,7 +13,9 @@ import pytest
 from mpi4py import MPI
 
 from mpidp import config
-from mpidp.collectives import buffers, checks, completion, cost
+from mpidp.collectives import checks, cost
+from mpidp.collectives.engine import completion
+from mpidp.collectives.engine import staging as buffers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -92,7 +92,7 @@ def values(dtype: np.dtype, op: str, rank: int, seed: int) -> np.ndarray:
 
 def mapped(t: MPI.Datatype) -> np.dtype | None:
     """The NumPy dtype mpidp reads `t` as, or None where it reads none."""
-    from mpidp.collectives import bufspec
+    from mpidp.collectives.dropin import bufspec
     try:
         return bufspec._to_dtype(t, "buf")
     except NotImplementedError:

@@ -15,9 +15,10 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives import cost, prerounding
+from mpidp.collectives import cost
+from mpidp.collectives.algorithms import prerounding
 from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
-from mpidp.collectives.counting import CountingComm
+from mpidp.collectives.dropin.counting import CountingComm
 from mpidp.sim import exact as sim_exact
 from mpidp.sim.exact import check_exact, hard_addends, simulate_exact
 
@@ -195,9 +196,9 @@ def test_sim_every_algorithm_bitwise_equals_one_rank(collective, algorithm):
 
 def test_sim_check_fails_for_an_order_dependent_sum(monkeypatch):
     """The check can fail: a plain float sum (the parts added, then a ring SUM) is caught."""
-    from mpidp.collectives.blocks import Blocks
-    from mpidp.collectives.ops import SUM
-    from mpidp.collectives.ring import ring_allreduce
+    from mpidp.collectives.algorithms.blocks import Blocks
+    from mpidp.collectives.algorithms.ops import SUM
+    from mpidp.collectives.algorithms.ring import ring_allreduce
 
     def plain(comm, parts, out, g, *args):
         out[...] = 0

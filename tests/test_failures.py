@@ -308,7 +308,7 @@ ENTRY_POINTS = {  # entry point -> (fault on rank 1, how it is run)
         runpy.run_path(sys.argv[0], run_name="__main__")
     """),
     "ring_walkthrough.py": ("""
-        import mpidp.collectives.schedule as schedule
+        import mpidp.collectives.engine.driver as schedule
         if rank == 1:
             schedule.exchange = boom
     """, """

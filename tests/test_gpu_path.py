@@ -14,8 +14,10 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives import ScratchPool, buffers, schedule
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives import ScratchPool
+from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.engine import driver as schedule
+from mpidp.collectives.engine import staging as buffers
 from mpidp.collectives.state import state
 
 try:

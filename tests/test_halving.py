@@ -22,7 +22,7 @@ from oracle import (
 from oracle import counts_for as oracle_counts
 
 from mpidp.collectives import CountingComm, api, waitall
-from mpidp.collectives.halving import fold
+from mpidp.collectives.algorithms.halving import fold
 
 RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
 ALLREDUCE_ALGOS = ("rabenseifner", "recursive_doubling", "naive", "direct")

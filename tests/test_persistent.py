@@ -19,7 +19,7 @@ from oracle import (
 
 import mpidp
 from mpidp.collectives import state
-from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.algorithms.blocks import Blocks
 
 STARTS = 3
 

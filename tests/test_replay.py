@@ -12,9 +12,9 @@ from mpi4py import MPI
 from oracle import assert_same, counts_for, make_input, native_allreduce
 
 import mpidp
-from mpidp.collectives.counting import CountingComm
-from mpidp.collectives.replay import REPLAYABLE, Replay, replayable
-from mpidp.collectives.schedule import Request
+from mpidp.collectives.dropin.counting import CountingComm
+from mpidp.collectives.engine.driver import Request
+from mpidp.collectives.engine.replay import REPLAYABLE, Replay, replayable
 
 STARTS = 4
 

@@ -21,7 +21,7 @@ from oracle import (
 )
 
 import mpidp
-from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.algorithms.blocks import Blocks
 
 RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
 

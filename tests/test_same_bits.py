@@ -21,7 +21,7 @@ from mpi4py import MPI
 import mpidp
 from mpidp.collectives import CountingComm, cost
 from mpidp.collectives.api import ALGORITHMS
-from mpidp.collectives.topology import layout
+from mpidp.collectives.placement import layout
 from mpidp.sim import simulate
 
 pytestmark = pytest.mark.filterwarnings(  # inf - inf and overflowing products, on purpose

@@ -10,12 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from mpidp.collectives import direct, halving, hierarchical, ring, topology, tree
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives import placement
+from mpidp.collectives.algorithms import direct, halving, hierarchical, ring, tree
+from mpidp.collectives.algorithms.rounds import Recv, Send
 from mpidp.sim import COLLECTIVES, ScheduleError, Sim, SimComm, names, simulate
 from mpidp.sim.table import command, format_table, table
 
-ALGORITHM_MODULES = (ring, halving, tree, direct, hierarchical, topology)
+ALGORITHM_MODULES = (ring, halving, tree, direct, hierarchical, placement)
 # tables across hosts in the docstrings: (algorithm, collective, ranks per host), N = 4
 PLACED_TABLES = (("hierarchical", "allreduce", 2), ("rabenseifner", "allreduce", 2),
                  ("rabenseifner_article", "allreduce", 2))
@@ -64,7 +65,7 @@ def drifted(tables) -> list[str]:
     for name, collective, ppn in PLACED_TABLES:  # 2 hosts x 2 ranks: what placement costs
         cmd = command(name, collective, 4) + f" --ppn {ppn}"
         expected.add(cmd)
-        printed = table(name, collective, 4, placement=topology.layout(4, ppn=ppn))
+        printed = table(name, collective, 4, placement=placement.layout(4, ppn=ppn))
         if cmd not in tables:
             problems.append(f"no table across hosts for {name!r} (want: {cmd})")
         elif tables[cmd][1] != printed:

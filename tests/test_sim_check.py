@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from mpidp.collectives.fold import fold, on_real_ranks, virtual
-from mpidp.collectives.halving import halving_scratch
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.algorithms.fold import fold, on_real_ranks, virtual
+from mpidp.collectives.algorithms.halving import halving_scratch
+from mpidp.collectives.algorithms.rounds import Recv, Send
 from mpidp.sim import COLLECTIVES, check, names, simulate
 from mpidp.sim.conformance import counts_for, pairs
 
@@ -63,7 +63,7 @@ def ring_skipping_a_step(comm, buf, blocks, op, tmp, src=None):
 
 def halving_wrong_partner(comm, buf, blocks, op, tmp, src=None):
     """Recursive halving reduce-scatter with partner rank + mask instead of rank ^ mask."""
-    from mpidp.collectives.fold import VirtualBlocks
+    from mpidp.collectives.algorithms.fold import VirtualBlocks
 
     rank, N = comm.Get_rank(), comm.Get_size()
     q, r = fold(N)

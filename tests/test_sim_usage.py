@@ -41,8 +41,8 @@ def usage_error(capsys, argv) -> str:
     (["predict", "--ranks", "4", "--ppn", "-4"], "--ppn"),
     (["predict", "--ranks", "4", "--bytes", "-8"], "--bytes"),
     (["table", "no_such_module:allreduce"], "no_such_module"),
-    (["table", "mpidp.collectives.ring:no_such_function"], "no_such_function"),
-    (["check", "mpidp.collectives.ring", "--ranks", "2"], "MODULE:FUNCTION"),
+    (["table", "mpidp.collectives.algorithms.ring:no_such_function"], "no_such_function"),
+    (["check", "mpidp.collectives.algorithms.ring", "--ranks", "2"], "MODULE:FUNCTION"),
 ])
 def test_bad_flags_are_usage_errors(capsys, argv, flag):
     assert flag in usage_error(capsys, argv)
@@ -58,7 +58,7 @@ def test_a_root_in_range_and_a_placement_of_the_right_length_still_run(capsys):
 
 BAD = '''\
 import numpy as np
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.algorithms.rounds import Recv, Send
 
 
 def unlisted(comm, buf, blocks, op, tmp, src=None):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mpidp.collectives.halving import fold
+from mpidp.collectives.algorithms.halving import fold
 from mpidp.sim import simulate
 
 RANKS = range(1, 65)

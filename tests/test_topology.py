@@ -19,19 +19,19 @@ from oracle import (
 )
 from oracle import counts_for as oracle_counts
 
-from mpidp.collectives import CountingComm, api, cost, topology
+from mpidp.collectives import CountingComm, api, cost, placement
 from mpidp.collectives.state import state
 from mpidp.sim import check, simulate
 from mpidp.sim.volume import link_bytes, measure
 
 PLACED = ("rabenseifner", "rabenseifner_article", "hierarchical", "recursive_doubling", "ring")
 SHAPES = {  # placements as functions of N: equal hosts, unequal, interleaved
-    "2 per host": lambda N: topology.layout(N, ppn=2),
-    "3 per host": lambda N: topology.layout(N, ppn=3),
-    "2 hosts": lambda N: topology.layout(N, hosts=2),
-    "3 hosts": lambda N: topology.layout(N, hosts=3),
-    "one per host": lambda N: topology.layout(N, ppn=1),
-    "interleaved": lambda N: topology.normalize([(r * 7) % 3 for r in range(N)]),
+    "2 per host": lambda N: placement.layout(N, ppn=2),
+    "3 per host": lambda N: placement.layout(N, ppn=3),
+    "2 hosts": lambda N: placement.layout(N, hosts=2),
+    "3 hosts": lambda N: placement.layout(N, hosts=3),
+    "one per host": lambda N: placement.layout(N, ppn=1),
+    "interleaved": lambda N: placement.normalize([(r * 7) % 3 for r in range(N)]),
 }
 
 
@@ -57,12 +57,12 @@ def test_hierarchical_passes_every_case_on_unequal_hosts():
 
 
 def test_the_partner_order():
-    assert topology.masks(None, 8, 0) == (4, 2, 1)  # one host: the article's order
-    assert topology.masks((0,) * 8, 8, 0) == (4, 2, 1)
-    assert topology.masks(topology.layout(4, ppn=2), 4, 0) == (1, 2)  # nearest first
-    assert topology.masks(topology.layout(8, ppn=4), 8, 0) == (2, 1, 4)
-    assert topology.masks(topology.layout(8, ppn=2), 8, 0, article=True) == (4, 2, 1)
-    assert topology.owners((4, 2, 1)) == tuple(range(8))  # the article's: block b on rank b
+    assert placement.masks(None, 8, 0) == (4, 2, 1)  # one host: the article's order
+    assert placement.masks((0,) * 8, 8, 0) == (4, 2, 1)
+    assert placement.masks(placement.layout(4, ppn=2), 4, 0) == (1, 2)  # nearest first
+    assert placement.masks(placement.layout(8, ppn=4), 8, 0) == (2, 1, 4)
+    assert placement.masks(placement.layout(8, ppn=2), 8, 0, article=True) == (4, 2, 1)
+    assert placement.owners((4, 2, 1)) == tuple(range(8))  # the article's: block b on rank b
 
 
 def link(algorithm, hosts, count=48):
@@ -85,15 +85,15 @@ def test_bytes_across_two_hosts_of_two_ranks():
 @pytest.mark.parametrize("H,L", [(2, 1), (2, 3), (2, 4), (3, 2), (4, 2), (4, 4), (3, 3)])
 def test_bytes_across_hosts_general_formula(H, L):
     """H hosts of L ranks: hierarchical 2G(H-1)/H per link and direction, the ring
-    2G(N-1)/N (one ring edge leaves each host), the others as `topology.link_bytes` says."""
-    hosts, N = topology.layout(H * L, ppn=L), H * L
+    2G(N-1)/N (one ring edge leaves each host), the others as `placement.link_bytes` says."""
+    hosts, N = placement.layout(H * L, ppn=L), H * L
     count = 2 * N * H * 16
     assert link("hierarchical", hosts, count) == pytest.approx(2 * (H - 1) / H)
     assert link("ring", hosts, count) == pytest.approx(2 * (N - 1) / N)
     for algorithm in ("rabenseifner", "rabenseifner_article", "recursive_doubling", "naive",
                       "direct", "hierarchical", "ring"):
         simulated = measure("allreduce", algorithm, N, hosts)["link"]
-        assert simulated == pytest.approx(topology.link_bytes(algorithm, hosts, 1.0)), algorithm
+        assert simulated == pytest.approx(placement.link_bytes(algorithm, hosts, 1.0)), algorithm
     nearest, article = (link(a, hosts, count) for a in ("rabenseifner", "rabenseifner_article"))
     assert nearest <= article  # nearest first never sends more across than the article's order
     if L in (2, 4) and H in (2, 4):  # and, hosts of 2^k ranks, the halves stay on the host
@@ -107,7 +107,7 @@ def test_the_hierarchical_cost_formula_is_what_the_simulator_measures(H, L):
     formula of hierarchical.py, with its rounds across hosts) are the simulated critical
     path and busiest rank's, exactly. (Unequal hosts are left out: there the formula, written
     for the largest host, undercounts; 3 + 2 ranks: 8 steps simulated, 6 predicted.)"""
-    hosts, N = topology.layout(H * L, ppn=L), H * L
+    hosts, N = placement.layout(H * L, ppn=L), H * L
     count = 2 * N * H * 16  # whole pieces and blocks at every level
     s = simulate("allreduce", "hierarchical", N, count, dtype="int64", placement=hosts).sim
     G = count * 8
@@ -128,7 +128,7 @@ def test_auto_takes_the_link_into_account():
     nearest-first Rabenseifner (G across), not the ring (1.5·G) or the article's (2·G)."""
     names = api.ALGORITHMS["allreduce"][:-1]
     slow = cost.Model(alpha=15e-6, beta=0.5e-9, gamma=1e-9, beta_inter=40e-9)  # 25 MB/s
-    hosts = topology.layout(4, ppn=2)
+    hosts = placement.layout(4, ppn=2)
     for nbytes in (16 << 20, 64 << 20):
         assert cost.best(slow, "allreduce", names, nbytes, 4, hosts) in ("rabenseifner",
                                                                          "hierarchical")
@@ -157,8 +157,8 @@ def test_auto_takes_the_link_into_account():
 
 def check_against_mpi(comm):
     n, rank = comm.Get_size(), comm.Get_rank()
-    for hosts in {topology.layout(n, ppn=2), topology.layout(n, hosts=3),
-                  topology.layout(n, ppn=1), (0,) * n}:
+    for hosts in {placement.layout(n, ppn=2), placement.layout(n, hosts=3),
+                  placement.layout(n, ppn=1), (0,) * n}:
         placed = CountingComm(comm, hosts)
         for i, count in enumerate(sorted({*oracle_counts(n), 101})):
             dtype, op = (("float64", "sum"), ("int32", "max"), ("int64", "avg"))[i % 3]
@@ -211,7 +211,7 @@ def check_placement_is_learned_once(comm):
         x = np.arange(10.0)
         api.allreduce(dup, api.IN_PLACE, x, algorithm="hierarchical")  # learns it
         assert state(dup).placement == (0,) * n
-        assert topology.known(CountingComm(dup)) == (0,) * n  # a wrapper sees its comm's
+        assert placement.known(CountingComm(dup)) == (0,) * n  # a wrapper sees its comm's
         assert np.array_equal(x, n * np.arange(10.0))
     finally:
         dup.Free()

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidp.collectives import ops as O
-from mpidp.collectives.blocks import Blocks
-from mpidp.collectives.buffers import ScratchPool
-from mpidp.collectives.schedule import Handle, Recv, Send, run
+from mpidp.collectives.algorithms import ops as O
+from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.engine.driver import Handle, run
+from mpidp.collectives.engine.staging import ScratchPool
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 4, 5, 10, 13, 1 << 20])

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.algorithms.blocks import Blocks
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=60)

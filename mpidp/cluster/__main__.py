@@ -38,11 +38,11 @@ def bench_rank(sizes_mib: list[float], iters: int, rate_bps: float | None,
     import numpy as np
     from mpi4py import MPI
 
-    from ..collectives import api, topology
+    from ..collectives import api, placement
 
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
-    hosts = topology.placement(comm)
+    hosts = placement.placement(comm)
     leader = hosts.index(hosts[comm.Get_rank()]) == comm.Get_rank()
     algorithms = algorithms or [a for a in api.ALGORITHMS["allreduce"] if a != "auto"]
 

@@ -1,5 +1,8 @@
 """Collectives written from point-to-point calls, one generator of rounds each."""
 
+from ..arrays import as_host
+from .algorithms.blocks import Blocks
+from .algorithms.ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .api import (
     ALGORITHMS,
     IN_PLACE,
@@ -14,19 +17,18 @@ from .api import (
     ireduce_scatter,
     reduce_scatter,
 )
-from .blocks import Blocks
-from .buffers import ScratchPool, as_host
 from .checks import check_buffer
-from .comm import Comm, duplicate
-from .completion import testall, waitall
-from .counting import CountingComm
+from .dropin.comm import Comm, duplicate
+from .dropin.counting import CountingComm
+from .engine.completion import testall, waitall
+from .engine.driver import Handle, Request
+from .engine.staging import ScratchPool
 from .exact import (
     allreduce_parts,
     iallreduce_parts,
     ireduce_scatter_parts,
     sum_parts,
 )
-from .ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
 from .persistent import (
     Persistent,
     allgather_init,
@@ -36,7 +38,6 @@ from .persistent import (
     reduce_scatter_block_init,
     reduce_scatter_init,
 )
-from .schedule import Handle, Request
 
 __all__ = [
     "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "EXACT_AVG", "EXACT_SUM", "Handle",

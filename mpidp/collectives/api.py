@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from ..arrays import array_module, flat
 from . import cost, exact
-from .blocks import Blocks
-from .buffers import array_module, flat
-from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
-from .direct import direct_allreduce, direct_scratch
-from .halving import (
+from .algorithms.blocks import Blocks
+from .algorithms.direct import direct_allreduce, direct_scratch
+from .algorithms.halving import (
     halving_scratch,
     rabenseifner_allreduce,
     rabenseifner_article_allreduce,
@@ -34,14 +33,15 @@ from .halving import (
     recursive_doubling_allreduce,
     recursive_halving_reduce_scatter,
 )
-from .hierarchical import hierarchical_allreduce
-from .ops import SUM, resolve_op
+from .algorithms.hierarchical import hierarchical_allreduce
+from .algorithms.ops import SUM, resolve_op
+from .algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from .algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
+from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
+from .engine.driver import Request
+from .placement import locate
 from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed, through_packed
-from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .schedule import Request
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)
-from .topology import locate
-from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 
 IN_PLACE = MPI.IN_PLACE
 

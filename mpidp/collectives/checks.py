@@ -25,11 +25,11 @@ import operator
 import numpy as np
 
 from .. import config
-from .blocks import Blocks
-from .buffers import array_module
-from .ops import Op
-from .ring import ring_allgather
-from .schedule import run
+from ..arrays import array_module
+from .algorithms.blocks import Blocks
+from .algorithms.ops import Op
+from .algorithms.ring import ring_allgather
+from .engine.driver import run
 
 # MPIDP_DEBUG, read at the first collective, not at import (a bad value is an error, and
 # `import mpidp` must not fail on it); then kept: os.environ costs ~1 µs a call

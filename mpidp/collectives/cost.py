@@ -48,10 +48,10 @@ the model, as `DataParallel`'s does).
 ``MPIDP_COST=default`` or ``MPIDP_COST=alpha,beta,gamma[,fixed[,beta_inter]]`` in
 the environment, or `set_model`, skip it.
 
-Across hosts (the placement, `topology`, spans several) an all-reduce's time adds
-the bytes through the busiest host link at beta_inter (`topology.link_bytes`:
+Across hosts (the placement, `placement`, spans several) an all-reduce's time adds
+the bytes through the busiest host link at beta_inter (`placement.link_bytes`:
 the ring 1.5G for 2 hosts × 2 ranks, Rabenseifner nearest first and hierarchical
-G, the article's order 2G); `topology.calibrate_link` measures beta_inter. On one host, or
+G, the article's order 2G); `placement.calibrate_link` measures beta_inter. On one host, or
 with beta_inter 0, nothing is added: the choice is what it was.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, section 3.
@@ -66,12 +66,13 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import config
-from . import topology
-from .blocks import Blocks
-from .halving import recursive_doubling_allreduce
-from .ops import MAX, SUM
-from .ring import ring_allreduce
-from .schedule import Rounds, run
+from . import placement
+from .algorithms.blocks import Blocks
+from .algorithms.halving import recursive_doubling_allreduce
+from .algorithms.ops import MAX, SUM
+from .algorithms.ring import ring_allreduce
+from .algorithms.rounds import Rounds
+from .engine.driver import run
 from .state import state
 
 
@@ -101,8 +102,8 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int,
             hosts: tuple | None = None) -> float:
     """Predicted seconds of `algorithm` for `collective` on `nbytes` (whole vector) and p ranks.
 
-    `hosts`: the placement (`topology`); an all-reduce across hosts adds the bytes through
-    the busiest host link at ``m.beta_inter`` (`topology.link_bytes`). None, one host or
+    `hosts`: the placement (`placement`); an all-reduce across hosts adds the bytes through
+    the busiest host link at ``m.beta_inter`` (`placement.link_bytes`). None, one host or
     beta_inter 0: the one-level formulas alone.
     """
     a, b, g, n = m.alpha, m.beta, m.gamma, float(nbytes)
@@ -135,8 +136,8 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int,
         ("bcast", "scatter_allgather"): lambda: (L + p - 1) * a + 2 * part * b,
     }
     link = 0.0
-    if collective == "allreduce" and m.beta_inter and topology.spans_hosts(hosts):
-        link = topology.link_bytes(algorithm, hosts, n) * m.beta_inter
+    if collective == "allreduce" and m.beta_inter and placement.spans_hosts(hosts):
+        link = placement.link_bytes(algorithm, hosts, n) * m.beta_inter
     return m.fixed + formulas[collective, algorithm]() + link
 
 
@@ -160,12 +161,12 @@ def choose(comm, collective: str, names: tuple, nbytes: int) -> str:
     question = (collective, nbytes)
     name = st.choices.get(question)
     if name is None:
-        hosts = topology.placement(comm)  # learned once, where every rank comes in order
+        hosts = placement.placement(comm)  # learned once, where every rank comes in order
         m = model(comm)
         if len(st.choices) > 4096:  # a run with ever new sizes: start again
             st.choices.clear()
         name = st.choices[question] = best(m, collective, names, nbytes, comm.Get_size(),
-                                           hosts if topology.spans_hosts(hosts) else None)
+                                           hosts if placement.spans_hosts(hosts) else None)
     return name
 
 
@@ -189,9 +190,9 @@ def model(comm) -> Model:
             m = Model(*env)
         else:
             m = calibrate(comm)
-            hosts = topology.placement(comm)
-            if topology.spans_hosts(hosts):  # one host: nothing changes
-                m = m._replace(beta_inter=topology.calibrate_link(comm, hosts))
+            hosts = placement.placement(comm)
+            if placement.spans_hosts(hosts):  # one host: nothing changes
+                m = m._replace(beta_inter=placement.calibrate_link(comm, hosts))
         m = set_model(comm, *m)
     return m
 

@@ -24,12 +24,10 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .blocks import Blocks
-from .buffers import array_module, flat
-from .checks import check_buffer
-from .ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
-from .plan import Call, Plan, Setup, planned, signed
-from .prerounding import (
+from ..arrays import array_module, flat
+from .algorithms.blocks import Blocks
+from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
+from .algorithms.prerounding import (
     Grid,
     codes,
     extremes,
@@ -41,8 +39,11 @@ from .prerounding import (
     specials,
     to_words,
 )
-from .schedule import Request, Rounds
-from .topology import locate
+from .algorithms.rounds import Rounds
+from .checks import check_buffer
+from .engine.driver import Request
+from .placement import locate
+from .plan import Call, Plan, Setup, planned, signed
 
 # A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
 CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}

@@ -27,9 +27,9 @@ from mpi4py import MPI
 
 from .. import flight
 from . import api
+from .engine.driver import Request
+from .engine.replay import Replay, recording, replayable
 from .plan import Plan
-from .replay import Replay, recording, replayable
-from .schedule import Request
 
 
 class Persistent:

@@ -28,12 +28,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import flight
+from ..arrays import array_module
 from ..flight import SIGNED, STARTED, STATE, TAG
-from .blocks import Blocks
-from .buffers import array_module, stager
+from .algorithms.blocks import Blocks
+from .algorithms.ops import Op
+from .algorithms.rounds import Rounds
 from .checks import agree, debug_enabled
-from .ops import Op
-from .schedule import Request, Rounds, run
+from .engine.driver import Request, run
+from .engine.staging import stager
 from .state import CommState, check_user_tag, signature, state
 
 

@@ -39,7 +39,7 @@ import zlib
 from mpi4py import MPI
 
 from .. import flight
-from .buffers import ScratchPool
+from .engine.staging import ScratchPool
 
 TAG_BASE = 0x4D50  # 19792: mpidp's tags are TAG_BASE and up; below it, the user's
 SLOTS = 4096  # collectives in flight at once on one communicator

@@ -74,7 +74,7 @@ def where(args):
     ppn, hosts = getattr(args, "ppn", 0), getattr(args, "hosts", 0)
     if not ppn and not hosts:
         return None
-    from mpidp.collectives.topology import layout
+    from mpidp.collectives.placement import layout
 
     return lambda N: layout(N, ppn=ppn, hosts=hosts)
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpidp.collectives import cost
-from mpidp.collectives.ops import OPS
+from mpidp.collectives.algorithms.ops import OPS
 
 from .collective import REDUCING, names, resolve, simulate
 from .engine import TIMEOUT, ScheduleError

@@ -30,7 +30,7 @@ from collections import deque
 
 import numpy as np
 
-from mpidp.collectives.schedule import Recv, Send
+from mpidp.collectives.algorithms.rounds import Recv, Send
 
 from . import deadline
 from .reports import ScheduleError, deadlock, describe, locate
@@ -115,7 +115,7 @@ class Sim:
             have done their local work, before they post: ``on_step(sim, t)`` sees the
             buffers after step t - 1 (t = 0: at the start; t = steps: at the end).
         max_steps: stop with a `ScheduleError` after this many steps (a loop that never ends).
-        placement: the host of each rank (`mpidp.collectives.topology`); None: one host.
+        placement: the host of each rank (`mpidp.collectives.placement`); None: one host.
         timeout: seconds one resume of a generator may run (its local work and the
             making of its next round) before it is stopped with a `ScheduleError`: an
             endless loop without ``yield`` (`mpidp.sim.deadline`); None: no bound.

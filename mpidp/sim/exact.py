@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.prerounding import grid
 from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
-from mpidp.collectives.blocks import Blocks
-from mpidp.collectives.buffers import ScratchPool
+from mpidp.collectives.engine.staging import ScratchPool
 from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for, sum_parts
-from mpidp.collectives.prerounding import grid
 
 from .engine import Sim
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from mpidp.bench.output import human
 from mpidp.collectives import cost
-from mpidp.collectives.blocks import Blocks
-from mpidp.collectives.topology import layout
+from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.placement import layout
 
 from .collective import names, resolve, simulate
 

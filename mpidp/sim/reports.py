@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpidp.collectives.schedule import Send
+from mpidp.collectives.algorithms.rounds import Send
 
 
 class ScheduleError(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from mpidp.collectives.blocks import Blocks
+from mpidp.collectives.algorithms.blocks import Blocks
 
 from .collective import names, resolve, simulate
 

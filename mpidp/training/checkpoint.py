@@ -37,7 +37,7 @@ import zlib
 
 import numpy as np
 
-from ..collectives.buffers import as_host
+from ..arrays import as_host
 
 FORMAT = 2  # 2: the optimizer's name; format 1 files (SGD) still load
 READABLE = (1, 2)

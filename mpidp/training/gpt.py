@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..collectives.buffers import as_host
+from ..arrays import as_host
 from . import layers as ops
 from .mlp import array_module, softmax_cross_entropy
 

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..collectives.buffers import array_module as xp_of
+from ..arrays import array_module as xp_of
 
 
 def _put(target, value, accumulate: bool) -> None:

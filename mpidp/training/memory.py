@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from ..collectives.blocks import Blocks
+from ..collectives.algorithms.blocks import Blocks
 
 
 def _owner(a):

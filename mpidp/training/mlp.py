@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..collectives.buffers import array_module as xp_of
+from ..arrays import array_module as xp_of
 
 
 def array_module(device: str = "cpu"):

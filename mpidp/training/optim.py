@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from ..collectives.buffers import array_module
+from ..arrays import array_module
 
 
 class Optimizer:

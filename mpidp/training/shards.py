@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives as mp
-from ..collectives.blocks import Blocks
-from ..collectives.buffers import array_module
+from ..arrays import array_module
+from ..collectives.algorithms.blocks import Blocks
 
 
 class Layout:

@@ -70,7 +70,7 @@ from __future__ import annotations
 from .blocks import Blocks
 from .ops import Op
 from .ring import ring_allgather
-from .schedule import Recv, Rounds, Send
+from .rounds import Recv, Rounds, Send
 
 
 def binomial_bcast(comm, buf, root: int) -> Rounds:

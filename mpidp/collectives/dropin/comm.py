@@ -37,12 +37,13 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from . import api, cost, parse
-from .api import IN_PLACE
-from .persistent import Persistent
-from .plan import in_sequence
-from .schedule import Request
-from .state import state
+from .. import api, cost
+from ..api import IN_PLACE
+from ..engine.driver import Request
+from ..persistent import Persistent
+from ..plan import in_sequence
+from ..state import state
+from . import parse
 
 
 class Comm:

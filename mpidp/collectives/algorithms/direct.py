@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from .blocks import Blocks
 from .ops import Op
-from .schedule import Recv, Rounds, Send
+from .rounds import Recv, Rounds, Send
 
 
 def direct_scratch(blocks: Blocks) -> int:

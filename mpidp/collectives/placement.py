@@ -221,10 +221,11 @@ def calibrate_link(comm, hosts: tuple) -> float:
 
     import numpy as np
 
-    from .blocks import Blocks
-    from .halving import recursive_doubling_allreduce  # (halving imports this module)
-    from .ops import MAX
-    from .schedule import Recv, Send, run
+    from .algorithms.blocks import Blocks
+    from .algorithms.halving import recursive_doubling_allreduce
+    from .algorithms.ops import MAX
+    from .algorithms.rounds import Recv, Send
+    from .engine.driver import run
 
     rank, H = comm.Get_rank(), max(hosts) + 1
     members = [[q for q in range(len(hosts)) if hosts[q] == h] for h in range(H)]

@@ -32,34 +32,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from ..algorithms.rounds import Recv, Round, Rounds, Send
 from . import completion
-from .buffers import Stager, msg
 from .completion import default_timeout, waitall
-
-
-class Send(NamedTuple):
-    """Send the array `buf` to rank `peer`."""
-
-    buf: object
-    peer: int
-    outgoing = True  # (a class attribute, not a field) what staging copies out first
-
-
-class Recv(NamedTuple):
-    """Receive from rank `peer` into the array `buf`."""
-
-    buf: object
-    peer: int
-    outgoing = False
-
-
-Round = list  # of Send and Recv
-Rounds = Generator[Round, None, None]
+from .staging import Stager, msg
 
 
 def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) -> list:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from mpi4py import MPI
 
-from .. import config
+from ... import config
 
 
 def check_timeout(value, name: str = "timeout") -> float:
@@ -88,7 +88,7 @@ def waitall(requests: Iterable, timeout: float | None = None) -> None:
 def likely_causes() -> str:
     """Why a collective may not complete, for a deadline's message: the agreement check is
     suggested only where it is off; where it is on, what it does not see."""
-    from .checks import debug_enabled  # (checks imports the driver, which imports this)
+    from ..checks import debug_enabled
 
     if not debug_enabled():
         return ("a peer has not joined the collective, or ranks disagree on its arguments "

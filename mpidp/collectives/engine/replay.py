@@ -46,20 +46,21 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import msg
-from .halving import (
+from ..algorithms.halving import (
     rabenseifner_allreduce,
     rabenseifner_article_allreduce,
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
     recursive_halving_reduce_scatter,
 )
-from .hierarchical import hierarchical_allreduce
-from .ops import Op
-from .plan import Plan, no_rounds
-from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .schedule import Recv, Request, Rounds, Send
-from .tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
+from ..algorithms.hierarchical import hierarchical_allreduce
+from ..algorithms.ops import Op
+from ..algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from ..algorithms.rounds import Recv, Rounds, Send
+from ..algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
+from ..plan import Plan, no_rounds
+from .driver import Request
+from .staging import msg
 
 # the algorithms that write the buffers only by receives and through `op` (checked by
 # reading each; naive_allreduce too, but only in place: out of place it copies first)

@@ -1,4 +1,4 @@
-"""Buffers: NumPy/CuPy dispatch, what is handed to MPI, host staging, the scratch pool.
+"""Staging: what is handed to MPI, host staging of device buffers, the scratch pool.
 
 MPI moves bytes; the reductions need typed arrays. Every message is therefore
 sent as ``[array, MPI.BYTE]``: the dtype never has to be known to MPI (float16,
@@ -30,32 +30,13 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
-
-
-def array_module(arr):
-    """`numpy` for host arrays, `cupy` for device arrays."""
-    if isinstance(arr, np.ndarray):
-        return np
-    if hasattr(arr, "__cuda_array_interface__"):
-        import cupy
-
-        return cupy
-    return np
-
-
-def flat(arr):
-    """`arr` as a 1-D array: itself if it is one (a view costs more than the check)."""
-    return arr if arr.ndim == 1 else arr.reshape(-1)
+from ... import config
+from ...arrays import array_module, is_device
 
 
 def msg(arr):
     """The buffer spec for one message: the array's bytes."""
     return [arr, MPI.BYTE]
-
-
-def is_device(arr) -> bool:
-    return type(arr) is not np.ndarray and hasattr(arr, "__cuda_array_interface__")
 
 
 def sync(arr) -> None:
@@ -146,11 +127,6 @@ def host_buffer(like):
         mem = cupy.cuda.alloc_pinned_memory(like.nbytes)
         return np.frombuffer(mem, dtype=like.dtype, count=like.size)
     return np.empty(like.size, dtype=like.dtype)
-
-
-def as_host(arr) -> np.ndarray:
-    """`arr` itself if it is a NumPy array, else a host copy of it."""
-    return arr if isinstance(arr, np.ndarray) else arr.get()
 
 
 def to_host(src, host) -> None:

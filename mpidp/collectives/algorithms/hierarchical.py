@@ -59,11 +59,11 @@ mixed-precision" (2018), the hierarchical all-reduce of data-parallel training.
 
 from __future__ import annotations
 
+from ..placement import known
 from .blocks import Blocks
 from .ops import Op
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from .schedule import Rounds
-from .topology import known
+from .rounds import Rounds
 
 
 class Group:

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from .blocks import Blocks
 from .ops import Op
-from .schedule import Recv, Rounds, Send
+from .rounds import Recv, Rounds, Send
 
 
 def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None,

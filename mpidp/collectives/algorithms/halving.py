@@ -96,11 +96,11 @@ Rabenseifner, "Optimization of collective reduction operations", ICCS 2004.
 
 from __future__ import annotations
 
+from ..placement import known, masks, owners
 from .blocks import Blocks
 from .fold import VirtualBlocks, fold, fold_in, on_real_ranks, virtual
 from .ops import Op
-from .schedule import Recv, Rounds, Send
-from .topology import known, masks, owners
+from .rounds import Recv, Rounds, Send
 
 
 def halving_scratch(blocks: Blocks, N: int) -> int:

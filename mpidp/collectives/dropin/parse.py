@@ -8,10 +8,10 @@ message), and returns the plan ``api.plan_<collective>`` makes of them, for the
 
 from __future__ import annotations
 
-from . import api
-from .api import IN_PLACE
+from .. import api
+from ..api import IN_PLACE
+from ..checks import index, indices
 from .bufspec import check_match, check_op, in_place, simple, vector
-from .checks import index, indices
 
 
 def allreduce(call, c, sendbuf, recvbuf, op, algorithm):

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from .blocks import Blocks
 from .ops import Op
-from .schedule import Recv, Rounds, Send
+from .rounds import Recv, Rounds, Send
 
 
 def fold(N: int) -> tuple[int, int]:
