@@ -5,6 +5,7 @@
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
     mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
+    mpiexec -n 4 python examples/train_mlp.py --zero 3 --optimizer adam   # parameters too
     mpiexec -n 3 python examples/train_mlp.py --deterministic   # the bits of 1 rank
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
