@@ -33,17 +33,12 @@ and a sharded optimizer step for ``zero=1|2|3`` (ZeRO, `zero.py`, `zero3.py`).
 This class is the loop every stage shares: hooks, buckets launched in order,
 progress, the wait, timings, the progress thread.
 
-``deterministic=True``: N ranks give the bits of one rank on the global batch. Every
-backward pass is then one micro-shard (M samples of the global batch, cut the same way
-for any N: `determinism.py`); under ``no_sync()`` each one's gradients are kept, not
-added, and the synced backward launches, per bucket, the exact sum of all the
-micro-shards' gradients on all ranks (`mpidp.iallreduce_parts`, EXACT_AVG: divided once
-by their number), whose bits depend only on the multiset of addends. Pass each
-micro-shard's mean-loss gradient as it is (no 1/A: the average is over micro-shards).
-
-Why N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
-equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding; in
-deterministic mode, exactly).
+N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
+equal shards is the mean over all N·b samples, up to rounding. ``deterministic=True``
+makes it exact: every backward is one micro-shard (`determinism.py`), kept apart under
+``no_sync()``, and the synced backward launches per bucket the exact average of all
+ranks' micro-shards (`mpidp.iallreduce_parts`), whose bits depend only on the multiset
+of addends. Pass each micro-shard's mean-loss gradient as it is (no 1/A).
 """
 
 from __future__ import annotations
@@ -177,10 +172,7 @@ class DataParallel:
             check_replicas(params, self.comm)
 
     def gathered(self):
-        """``with ddp.gathered() as params:`` every parameter, whole, on every rank (collective).
-
-        ``params`` is ``model.params``; a checkpoint is saved inside.
-        """
+        """``with ddp.gathered() as params:`` ``model.params`` whole inside (collective)."""
         return self.reducer.gathered()
 
     def wait_params(self) -> None:
@@ -188,10 +180,7 @@ class DataParallel:
         self.reducer.wait_params()
 
     def full_optimizer(self):
-        """An optimizer on the model's dicts holding every rank's state (collective with ZeRO).
-
-        What a checkpoint saves, so that any rank count and any stage can load it.
-        """
+        """The optimizer with every rank's state, by name (collective): what a checkpoint saves."""
         return self.reducer.full_optimizer()
 
     def load_optimizer(self, optimizer) -> None:
