@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 import mpidp
 from mpidp.collectives import Blocks
 from mpidp.training import (
+    GPT,
     MLP,
     SGD,
     Adam,
@@ -27,6 +28,7 @@ from mpidp.training import (
     checkpoint,
     softmax_cross_entropy,
 )
+from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import StepPeak, formula_bytes, model_state_bytes
 from mpidp.training.reducers import ReduceScatter
 
@@ -295,18 +297,11 @@ def test_stage_2_frees_each_bucket_after_its_reduce_scatter(mpi_ranks):
 @pytest.mark.mpi(ranks=[2], timeout=60)
 def test_stage_3_holds_a_units_parameters_only_while_it_runs(mpi_ranks):
     """Each gathered buffer is freed after its unit, in forward and in backward: nothing
-    keeps it alive (the MLP's cache holds x, not W)."""
+    keeps it alive (the MLP's cache holds x, not W; the GPT's caches hold no parameter)."""
     comm = MPI.COMM_WORLD
     model = MLP([32, 64, 64, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, zero=3, optimizer=Adam(model.params, model.grads))
-    gathers, seen, whole = ddp.reducer.params, [], []
-    ready = gathers._ready
-
-    def spy(k):
-        ready(k)
-        seen.append(weakref.ref(gathers._full[k]))
-
-    gathers._ready = spy
+    seen, whole = spy_on_gathers(ddp), []
     ddp.on_layer = lambda i: whole.append([n for n, p in model.params.items() if p is not None])
     x, y = np.ones((8, 32)), np.arange(8) % 10
     for _ in range(2):
@@ -322,6 +317,30 @@ def test_stage_3_holds_a_units_parameters_only_while_it_runs(mpi_ranks):
         seen.clear()
         whole.clear()
     ddp.close()
+    gpt = GPT(vocab=11, context=4, n_layer=2, n_head=2, width=8, dtype="float64", seed=0)
+    ddp = DataParallel(gpt, comm, zero=3, optimizer=Adam(gpt.params, gpt.grads))
+    seen = spy_on_gathers(ddp)
+    idx = np.arange(8).reshape(2, 4) % 11
+    logits = ddp.forward(idx)
+    # 4 units; the head reads unit 1's wte, gathered again: 5 gathers in forward, 5 in backward
+    assert len(seen) == 5 and all(ref() is None for ref in seen), "a block outlived forward"
+    ddp.backward(token_cross_entropy(logits, idx)[1])  # the head gathers wte's unit again
+    assert len(seen) == 10 and all(ref() is None for ref in seen), "a block outlived backward"
+    ddp.step()
+    ddp.close()
+
+
+def spy_on_gathers(ddp) -> list:
+    """Weak references to every buffer stage 3 gathers from now on."""
+    gathers, seen = ddp.reducer.params, []
+    ready = gathers._ready
+
+    def spy(k):
+        ready(k)
+        seen.append(weakref.ref(gathers._full[k]))
+
+    gathers._ready = spy
+    return seen
 
 
 def test_constructor_checks_and_dispatch():
