@@ -87,7 +87,7 @@ def train(comm, kind: str, zero: int, accum: int = 1, gb: int | None = None, **d
                 ddp.step()
                 if ddp_kw.get("prefetch") and zero < 3:  # left running into the next forward
                     assert ddp.reducer.inflight()
-                else:  # stage 3: the gathered parameters
+                else:  # (stage 3 leaves nothing in flight: its check gathers)
                     ddp.check_replicas()  # bitwise identical on every rank, every step
         ddp.check_replicas()
         return gathered(ddp)
