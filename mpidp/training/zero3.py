@@ -20,8 +20,9 @@ One step on rank r, N = 4, three units (each row: what runs, what is gathered):
     backward L1   all-gather L1 (wait) | compute L1 | reduce-scatter dL1, free L1
     step()        my block of every unit updated: no message
 
-``prefetch=True`` starts the all-gather of the unit after the next (forward: k+1,
-backward: k-1) while unit k computes, as FSDP's forward/backward prefetch. A unit
+``prefetch=True`` starts the next unit's all-gather (forward: k+1, backward: k-1) as
+unit k begins, so that it is in flight while unit k computes (FSDP's forward and
+backward prefetch); it advances only when polled (`DataParallel`'s progress). A unit
 that reads another's parameter (the GPT's head reads the token embedding, unit 1's)
 gathers that unit's too. The model's backward must not keep a gathered parameter in
 its cache (the MLP reads ``W`` from ``params`` again in backward): what is freed is
