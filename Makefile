@@ -142,7 +142,7 @@ bench: $(STAMP)
 	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
 	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
-# `make zero-table`: memory per rank under ZeRO stages 0-2 for N = 1..8 (docs/bench/zero-n*.json),
+# `make zero-table`: memory per rank under ZeRO stages 0-3 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.
 # docs/overlap.md's across-hosts and one-host tables and timeline picture, from the runs in
 # docs/bench/overlap-hosts (the commands that make them are on that page; they need root)

@@ -106,13 +106,14 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                   f"{args.max_steps} ask for no more", flush=True)
         return 0
     tracer = Tracer(rank) if args.trace else None
+    P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
     opt = ddp.optimizer  # with --zero, this rank's shard's
     entropy = text.unigram_entropy()
     if rank == 0:
         print(f"mpidp: {size} rank(s), GPT {args.layers} layers x {args.heads} heads x "
               f"{args.width} wide, context {T}, vocab {len(text.vocab)} bytes "
-              f"({model.num_params()} params, {args.dtype}), {args.optimizer} lr {args.lr}, "
+              f"({P} params, {args.dtype}), {args.optimizer} lr {args.lr}, "
               f"zero={args.zero}, {len(ddp.buckets)} bucket(s), "
               f"overlap={not args.no_overlap}, global batch {args.global_batch} = {size} x "
               f"{A} x {sampler.local_batch} samples of {T} tokens")
@@ -131,7 +132,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     since = {"loss": 0.0, "steps": 0, "seconds": 0.0}  # since the last row
 
     def report(epoch: int) -> None:
-        val = evaluate(model, text.val, val_seqs, T, comm)
+        with ddp.gathered():  # --zero 3: every parameter whole for a moment (collective)
+            val = evaluate(model, text.val, val_seqs, T, comm)
         train_loss = np.array([since["loss"], since["steps"]])
         mpidp.allreduce(comm, mpidp.IN_PLACE, train_loss, op="sum")
         tokens = since["steps"] * args.global_batch * T
@@ -153,7 +155,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     def first_loss(epoch: int) -> float:
         """Before any step: the loss on the first step's samples, forward only (collective)."""
         seqs = sampler.epoch(epoch)[start_step].reshape(-1)
-        return evaluate(model, text.train, seqs, T, comm)
+        with ddp.gathered():
+            return evaluate(model, text.train, seqs, T, comm)
 
     report(start_epoch)
     stop, last_reported = False, opt.steps
@@ -192,12 +195,13 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         report(epoch)
     if metrics is not None:
         metrics.close()
-    if rank == 0 and args.sample_tokens:
-        prompt = list(b"def ")
-        ids = [text.vocab.index(c) for c in prompt if c in text.vocab]
-        out = model.generate(np.array([ids]), args.sample_tokens,
-                             np.random.default_rng(args.seed), temperature=0.8)
-        print("sample:\n" + text.decode(out[0]), flush=True)
+    with ddp.gathered():  # collective: every rank joins, rank 0 samples
+        if rank == 0 and args.sample_tokens:
+            prompt = list(b"def ")
+            ids = [text.vocab.index(c) for c in prompt if c in text.vocab]
+            out = model.generate(np.array([ids]), args.sample_tokens,
+                                 np.random.default_rng(args.seed), temperature=0.8)
+            print("sample:\n" + text.decode(out[0]), flush=True)
     trainer.finish(args, ddp, tracer, comm, dog, rank)
     return 0
 

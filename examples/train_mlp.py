@@ -5,6 +5,7 @@
     mpiexec -n 2 python examples/train_mlp.py --checkpoint ck.npz --epochs 5
     mpiexec -n 4 python examples/train_mlp.py --checkpoint ck.npz --epochs 10 --resume
     mpiexec -n 4 python examples/train_mlp.py --zero 2 --optimizer adam   # ZeRO stage 2
+    mpiexec -n 4 python examples/train_mlp.py --zero 3 --optimizer adam   # parameters too
     mpiexec -n 3 python examples/train_mlp.py --deterministic   # the bits of 1 rank
 
 The global batch is split over the ranks (and over --accum-steps micro-batches
@@ -87,10 +88,11 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                   f"{args.epochs} asks for no more", flush=True)
         return 0
     tracer = Tracer(rank) if args.trace else None
+    P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
     opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
     if rank == 0:
-        print(f"mpidp: {size} rank(s), MLP {sizes} ({model.num_params()} params, {args.dtype}), "
+        print(f"mpidp: {size} rank(s), MLP {sizes} ({P} params, {args.dtype}), "
               f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
               f"{len(ddp.buckets)} bucket(s), overlap={not args.no_overlap}, "
               f"algorithm={args.algorithm}, global batch {args.global_batch} = {size} x "
@@ -149,8 +151,9 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             break
         elapsed = time.perf_counter() - t_epoch
         correct = xp.asarray(0)
-        if len(y_test):
-            correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
+        with ddp.gathered():  # --zero 3: every parameter whole for a moment (collective)
+            if len(y_test):
+                correct = (model.forward(x_test).argmax(axis=1) == y_test).sum()
         totals = np.array([*stats, int(correct), len(y_test)], dtype=np.float64)
         mpidp.allreduce(comm, mpidp.IN_PLACE, totals, op="sum")
         save(epoch + 1, 0)

@@ -98,7 +98,8 @@ def train(comm, accum=1, **ddp_kw) -> dict:
                         ddp.backward(dlogits / accum)  # (b, T, V)
                 ddp.step()
                 ddp.check_replicas()
-        return {k: p.copy() for k, p in model.params.items()}
+        with ddp.gathered() as params:  # stage 3: only the shard is held between steps
+            return {k: p.copy() for k, p in params.items()}
 
 
 CASES = [  # pairwise: each of zero x overlap x accum x buckets appears with each other
@@ -109,6 +110,9 @@ CASES = [  # pairwise: each of zero x overlap x accum x buckets appears with eac
     {"zero": 2, "overlap": True, "accum": 2, "bucket_mb": 25},
     {"zero": 2, "overlap": False, "accum": 1, "bucket_mb": 0},
     {"zero": 2, "overlap": True, "accum": 1, "bucket_mb": 0},
+    # stage 3: a block gathered before it runs (the head gathers the tied embedding too)
+    {"zero": 3, "overlap": True, "accum": 2, "bucket_mb": 25, "prefetch": True},
+    {"zero": 3, "overlap": False, "accum": 1, "bucket_mb": 0},
 ]
 
 

@@ -62,6 +62,25 @@ def test_a_resumed_run_equals_one_run(tmp_path, capsys):
     assert code == 0 and "nothing to do" in out
 
 
+def test_zero_3_trains_as_zero_0_and_its_checkpoint_resumes_at_zero_0(tmp_path, capsys):
+    """--zero 3 on one rank: every evaluation, the sample and the checkpoint run on the
+    gathered parameters; the losses are stage 0's, and stage 0 resumes its checkpoint."""
+    rows = {}
+    for zero in (0, 3):
+        m, ck = tmp_path / f"m{zero}.jsonl", tmp_path / f"ck{zero}.npz"
+        argv = ["--max-steps", "3", "--eval-every", "2", "--zero", zero, "--metrics", m,
+                "--checkpoint", ck]
+        assert run(argv, capsys)[0] == 0
+        rows[zero] = [json.loads(line) for line in m.read_text().splitlines()]
+    for a, b in zip(rows[0], rows[3], strict=True):
+        assert b["zero"] == 3 and a["step"] == b["step"]
+        np.testing.assert_allclose([b["loss"], b["val_loss"]], [a["loss"], a["val_loss"]],
+                                   rtol=1e-12)
+    code, out, _ = run(["--max-steps", "4", "--checkpoint", tmp_path / "ck3.npz", "--resume"],
+                       capsys)
+    assert code == 0 and "resumed" in out
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--width", "9"], "not a multiple of --heads"),
     (["--global-batch", "100000"], "--global-batch"),

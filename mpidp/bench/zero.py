@@ -1,4 +1,4 @@
-"""``python -m mpidp.bench zero``: memory per rank under ZeRO stages 0, 1, 2, measured.
+"""``python -m mpidp.bench zero``: memory per rank under ZeRO stages 0-3, measured.
 
     for n in 1 2 3 4 5 6 7 8; do
         mpiexec -n $n python -m mpidp.bench zero --json docs/bench/zero-n$n.json
@@ -6,7 +6,7 @@
     python -m mpidp.bench zero --report docs/bench --doc docs/zero.md    # no mpiexec
 
 One run builds the demo model (``make demo``'s MLP 64-128-64-10, float32) under
-each stage (0, 1, 2) and optimizer (SGD with momentum, Adam), one bucket per
+each stage (0-3) and optimizer (SGD with momentum, Adam), one bucket per
 layer, and trains a few steps on random data. Per rank it records the model
 states held between steps (parameters, gradients, optimizer state, counted from
 the arrays: `training.memory`), the formula's figure, and the peak of the last
@@ -14,8 +14,12 @@ step: those states plus tracemalloc's peak of what the step allocates. A row
 holds the largest rank's figures (shards differ by one item at most).
 
 ``--timing`` also times steps of a larger model (``--hidden``) under stage 0,
-and stage 2 with the parameters' all-gather completed in ``step()`` or left to
-overlap the next forward (``prefetch=True``): the slowest rank's median step.
+stage 2 with the parameters' all-gather completed in ``step()`` or left to
+overlap the next forward (``prefetch=True``), and stage 3 without and with
+prefetch (the next unit's all-gather in flight while one computes): the slowest
+rank's median step, and its exposed communication (the step's time outside the
+model's own forward and backward arithmetic is not separable here: the figure is
+``backward``'s wait for the buckets, `DataParallel.timings`).
 ``--report`` reads every ``zero-n*.json`` of a folder and writes the tables into
 the document, between ``<!-- zero-table -->`` and ``<!-- /zero-table -->``.
 """
@@ -65,6 +69,8 @@ def batch(comm, sizes, b: int, dtype="float32"):
 def measure(comm, zero: int, kind: str, args) -> dict:
     """Model states between steps and the last step's peak on this rank, largest rank's kept."""
     model = MLP(DEMO, dtype="float32", seed=0)
+    P = model.num_params()  # before stage 3 leaves only the shard
+    units = [(i + 1) * o for i, o in zip(DEMO[:-1], DEMO[1:], strict=True)]  # W_i and b_i
     make, copies = KINDS[kind]
     x, y = batch(comm, DEMO, args.batch)
     with DataParallel(model, comm, bucket_mb=0, zero=zero, optimizer=make(model)) as ddp:
@@ -74,39 +80,41 @@ def measure(comm, zero: int, kind: str, args) -> dict:
                 ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
                 ddp.step()
         states = model_state_bytes(ddp)
-        mine = np.array([states["total"], formula_bytes(zero, model.num_params(), 4, copies,
-                                                         comm.Get_size(), comm.Get_rank()),
+        mine = np.array([states["total"], formula_bytes(zero, P, 4, copies, comm.Get_size(),
+                                                         comm.Get_rank(), units),
                          held + peak.bytes, states["params"], states["grads"],
                          states["optimizer"]], dtype=np.int64)
         mp.allreduce(ddp.comm, mp.IN_PLACE, mine, op="max")
     keys = ("states", "formula", "peak", "params_bytes", "grads_bytes", "optimizer_bytes")
     return {"ranks": comm.Get_size(), "zero": zero, "optimizer": kind, "K": copies,
-            "P": model.num_params(), **dict(zip(keys, (int(v) for v in mine), strict=True))}
+            "P": P, **dict(zip(keys, (int(v) for v in mine), strict=True))}
 
 
 def timing(comm, args) -> list[dict]:
-    """Median step (the slowest rank's) of Adam at stage 0, 2, and 2 with prefetch."""
+    """Median step (the slowest rank's) of Adam at stage 0, 2 and 3, without and with prefetch."""
     sizes = [256, *[int(h) for h in args.hidden.split(",") if h], 10]
     x, y = batch(comm, sizes, args.batch)
     rows = []
-    for zero, prefetch in ((0, False), (2, False), (2, True)):
+    for zero, prefetch in ((0, False), (2, False), (2, True), (3, False), (3, True)):
         model = MLP(sizes, dtype="float32", seed=0)
         extra = {"prefetch": prefetch} if zero else {}
         with DataParallel(model, comm, bucket_mb=0, zero=zero,
                           optimizer=Adam(model.params, model.grads), **extra) as ddp:
-            times = []
+            times, exposed = [], []
             for _ in range(args.timed_steps + 3):
                 comm.Barrier()
                 t0 = time.perf_counter()
                 ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
                 ddp.step()
                 times.append(time.perf_counter() - t0)
+                exposed.append(ddp.timings["exposed_comm"])
             if zero:
                 ddp.wait_params()
-        steps = np.array(times[3:])
+        steps = np.array([times[3:], exposed[3:]])
         mp.allreduce(comm, mp.IN_PLACE, steps, op="max")
         rows.append({"ranks": comm.Get_size(), "sizes": sizes, "zero": zero,
-                     "prefetch": prefetch, "step_ms": 1e3 * float(np.median(steps)),
+                     "prefetch": prefetch, "step_ms": 1e3 * float(np.median(steps[0])),
+                     "exposed_ms": 1e3 * float(np.median(steps[1])),
                      "load": os.getloadavg()[0], "cpus": os.cpu_count()})
     return rows
 
@@ -114,7 +122,7 @@ def timing(comm, args) -> list[dict]:
 def run(args) -> int:
     comm = MPI.COMM_WORLD
     with blas_threads(1):
-        rows = [measure(comm, zero, kind, args) for kind in KINDS for zero in (0, 1, 2)]
+        rows = [measure(comm, zero, kind, args) for kind in KINDS for zero in (0, 1, 2, 3)]
         timed = timing(comm, args) if args.timing else []
     if comm.Get_rank() == 0:
         for r in rows:
@@ -140,30 +148,33 @@ def tables(runs: list[dict]) -> list[str]:
            "Model states per rank in bytes, the largest rank's; every figure measured equals",
            "its formula unless marked ✗. Peak: the model states plus what the step allocates",
            "(tracemalloc).", "",
-           "| N | optimizer | K | stage 0 | stage 1 | stage 2 | stage 1 / 0 | stage 2 / 0 "
-           "| peak 0 | peak 1 | peak 2 |", "|" + "---|" * 11]
+           "| N | optimizer | K | stage 0 | stage 1 | stage 2 | stage 3 | stage 1 / 0 "
+           "| stage 2 / 0 | stage 3 / 0 | peak 0 | peak 1 | peak 2 | peak 3 |", "|" + "---|" * 14]
     for n, kind in sorted({(r["ranks"], r["optimizer"]) for r in rows},
                           key=lambda k: (k[0], k[1] != "sgd")):
-        s = [by.get((n, kind, z)) for z in (0, 1, 2)]
+        s = [by.get((n, kind, z)) for z in (0, 1, 2, 3)]
         if None in s:
             continue
         cell = [f"{r['states']}" + ("" if r["states"] == r["formula"] else " ✗") for r in s]
         name = "SGD momentum" if kind == "sgd" else "Adam"
-        out.append(f"| {n} | {name} | {s[0]['K']} | {' | '.join(cell)} | "
-                   f"{s[1]['states'] / s[0]['states']:.2%} | {s[2]['states'] / s[0]['states']:.2%}"
+        ratios = " | ".join(f"{r['states'] / s[0]['states']:.2%}" for r in s[1:])
+        out.append(f"| {n} | {name} | {s[0]['K']} | {' | '.join(cell)} | {ratios}"
                    f" | {' | '.join(str(r['peak']) for r in s)} |")
     timed = [t for run in runs for t in run.get("timing", [])]
     if timed:
         out += ["", f"Step time, Adam, MLP {timed[0]['sizes']} float32, one bucket per layer",
                 "(the slowest rank's median; the machine's 1-minute load average as the run",
                 "ended, and its CPU count):", "",
-                "| N | stage 0 | stage 2 | stage 2, prefetch | prefetch / no prefetch | load "
-                "| CPUs |", "|---|---|---|---|---|---|---|"]
+                "| N | stage 0 | stage 2 | stage 2, prefetch | prefetch / no prefetch "
+                "| stage 3 | stage 3, prefetch | prefetch / no prefetch | load | CPUs |",
+                "|" + "---|" * 10]
         for n in sorted({t["ranks"] for t in timed}):
             ts = [t for t in timed if t["ranks"] == n]
             ms = {(t["zero"], t["prefetch"]): t["step_ms"] for t in ts}
+            three = (f"{ms[3, False]:.1f} ms | {ms[3, True]:.1f} ms | "
+                     f"{ms[3, True] / ms[3, False]:.2f}") if (3, True) in ms else "- | - | -"
             out.append(f"| {n} | {ms[0, False]:.1f} ms | {ms[2, False]:.1f} ms | "
-                       f"{ms[2, True]:.1f} ms | {ms[2, True] / ms[2, False]:.2f} | "
+                       f"{ms[2, True]:.1f} ms | {ms[2, True] / ms[2, False]:.2f} | {three} | "
                        f"{ts[-1].get('load', float('nan')):.1f} | {ts[-1].get('cpus', '')} |")
     return out
 

@@ -35,17 +35,12 @@ and a sharded optimizer step for ``zero=1|2|3`` (ZeRO, `zero.py`, `zero3.py`).
 This class is the loop every stage shares: hooks, buckets launched in order,
 progress, the wait, timings, the progress thread.
 
-``deterministic=True``: N ranks give the bits of one rank on the global batch. Every
-backward pass is then one micro-shard (M samples of the global batch, cut the same way
-for any N: `determinism.py`); under ``no_sync()`` each one's gradients are kept, not
-added, and the synced backward launches, per bucket, the exact sum of all the
-micro-shards' gradients on all ranks (`mpidp.iallreduce_parts`, EXACT_AVG: divided once
-by their number), whose bits depend only on the multiset of addends. Pass each
-micro-shard's mean-loss gradient as it is (no 1/A: the average is over micro-shards).
-
-Why N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
-equal shards is the mean over all N·b samples, the 1-rank gradient (up to rounding; in
-deterministic mode, exactly).
+N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
+equal shards is the mean over all N·b samples, up to rounding. ``deterministic=True``
+makes it exact: every backward is one micro-shard (`determinism.py`), kept apart under
+``no_sync()``, and the synced backward launches per bucket the exact average of all
+ranks' micro-shards (`mpidp.iallreduce_parts`), whose bits depend only on the multiset
+of addends. Pass each micro-shard's mean-loss gradient as it is (no 1/A).
 """
 
 from __future__ import annotations
@@ -124,17 +119,20 @@ class DataParallel:
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
         optimizer: what `step()` runs (with ZeRO: required, its kind, hyper-parameters
             and state are taken for this rank's shard; step with ``step()``, not it).
-        zero: the ZeRO stage, 0 (replicas) .. 2 (`zero.py`).
-        prefetch: ZeRO: `step()` leaves the parameters' all-gather running into the next
-            forward, which waits layer by layer.
+        zero: the ZeRO stage, 0 (replicas) .. 3 (`zero.py`, `zero3.py`; stage 3 buckets
+            one unit each, whatever ``bucket_mb``).
+        prefetch: ZeRO 1, 2: `step()` leaves the parameters' all-gather running into the
+            next forward, which waits layer by layer; 3: each unit's all-gather starts
+            while the unit before it (forward; after it, backward) runs.
         deterministic: bitwise the result of one rank on the global batch (see above);
             RuntimeError where this process cannot promise it (`determinism.py`).
 
     Attributes: ``reducer`` (`reducers.py`), ``optimizer`` (with ZeRO the shard's),
     ``progress`` (the thread's design, or None), ``blocks`` (layer -> W's row stops where
     backward is cut, or None), ``across`` (``piece_mb="auto"`` found several hosts), and
-    with ZeRO ``layout``, ``grad_shard`` (this rank's averaged gradients), ``flat_params``
-    (stages 1, 2: ``model.params`` are views of it).
+    with ZeRO ``layout``, ``grad_shard`` (this rank's averaged gradients), ``param_shard``,
+    ``flat_params`` (stages 1, 2: ``model.params`` are views of it; stage 3: they are None
+    between steps, see `gathered`).
     """
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
@@ -171,6 +169,8 @@ class DataParallel:
         replicate(model, self.comm)
         if debug:
             check_replicas(model.params, self.comm)
+        if zero == 3:  # a unit's parameters are gathered, and its gradients reduced, alone
+            bucket_mb = first_bucket_mb = 0
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}  # completed by unit i
         self.reducer = reducer(model, self.comm, self.buckets, optimizer, algorithm,
@@ -223,10 +223,7 @@ class DataParallel:
             check_replicas(params, self.comm)
 
     def gathered(self):
-        """``with ddp.gathered() as params:`` every parameter, whole, on every rank (collective).
-
-        ``params`` is ``model.params``; a checkpoint is saved inside.
-        """
+        """``with ddp.gathered() as params:`` ``model.params`` whole inside (collective)."""
         return self.reducer.gathered()
 
     def wait_params(self) -> None:
@@ -234,10 +231,7 @@ class DataParallel:
         self.reducer.wait_params()
 
     def full_optimizer(self):
-        """An optimizer on the model's dicts holding every rank's state (collective with ZeRO).
-
-        What a checkpoint saves, so that any rank count and any stage can load it.
-        """
+        """The optimizer with every rank's state, by name (collective): what a checkpoint saves."""
         return self.reducer.full_optimizer()
 
     def load_optimizer(self, optimizer) -> None:
@@ -422,6 +416,5 @@ class ShardedDataParallel(DataParallel):
 
     def __init__(self, model, comm, *args, zero: int = 1, **kw):
         if zero not in STAGES[1:]:
-            raise ValueError(f"zero must be {' or '.join(map(str, STAGES[1:]))} for sharded "
-                             f"data parallelism, not {zero!r}")
+            raise ValueError(f"zero must be 1, 2 or 3 for sharded data parallelism, not {zero!r}")
         super().__init__(model, comm, *args, zero=zero, **kw)

@@ -10,6 +10,8 @@ parameters of the same size as the gradients, K optimizer copies per parameter
     stage 0   P + G + K·P
     stage 1   P + G + K·S
     stage 2   P + S + K·S          (S for the gradients: G/N)
+    stage 3   S + S + K·S          (S: the sum of my blocks of every unit, each unit
+                                    cut into N: (P + G + K·P)/N when N divides each)
 
 The peak of a step adds what the step allocates on top (activations, bucket
 buffers in flight, the optimizer's temporaries), as tracemalloc sees it: NumPy
@@ -42,10 +44,13 @@ def held_bytes(arrays) -> int:
 def model_state_bytes(ddp) -> dict:
     """This rank's parameters, gradients and optimizer state, in bytes, and their total.
 
-    `ddp` is a `DataParallel` (or `ShardedDataParallel`) built with ``optimizer=``.
+    `ddp` is a `DataParallel` built with ``optimizer=``. Every array kept counts: a
+    gathered parameter buffer that stage 3 did not free shows in ``model.params``.
     """
     model = ddp.model
-    out = {"params": held_bytes(model.params.values()),
+    gather = getattr(getattr(ddp, "reducer", None), "params", None)  # ZeRO's parameters' side
+    params = [*model.params.values(), *(gather.held() if gather is not None else ())]
+    out = {"params": held_bytes(params),
            "grads": held_bytes([*model.grads.values(), getattr(ddp, "grad_shard", None)]),
            "optimizer": held_bytes(a for arrays in ddp.optimizer.state.values()
                                    for a in arrays.values())}
@@ -54,8 +59,14 @@ def model_state_bytes(ddp) -> dict:
 
 
 def formula_bytes(zero: int, params: int, itemsize: int, copies: int, n: int,
-                  rank: int) -> int:
-    """The table's formula for rank `rank` of `n`: `params` items, `copies` = K."""
+                  rank: int, units=None) -> int:
+    """The table's formula for rank `rank` of `n`: `params` items, `copies` = K.
+
+    ``units``: stage 3's unit sizes (items; default one unit of `params`), each cut in N.
+    """
+    if zero == 3:
+        shard = sum(Blocks.even(u, n).counts[rank] for u in (units or [params]))
+        return (2 + copies) * shard * itemsize
     shard = Blocks.even(params, n).counts[rank]
     grads = shard if zero == 2 else params
     state = copies * (shard if zero else params)

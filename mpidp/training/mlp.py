@@ -195,12 +195,14 @@ class MLP:
         caches = []
         h = x  # (B, D0)
         for i in range(1, self.layers + 1):
-            W, b = self.params[f"W{i}"], self.params[f"b{i}"]
-            h, lin_cache = linear_forward(h, W, b)  # (B, D_i)
+            x_in = h  # (B, D_{i-1})
+            h = linear_forward(x_in, self.params[f"W{i}"], self.params[f"b{i}"])[0]  # (B, D_i)
             act_cache = None
             if i < self.layers:
                 h, act_cache = act_forward(h)  # (B, D_i)
-            caches.append((lin_cache, act_cache))
+            # not W (nor a name bound to it past on_layer): backward reads it from params
+            # again, so that ZeRO stage 3 may free a gathered W after its layer
+            caches.append((x_in, act_cache))
             if on_layer is not None:
                 on_layer(i)
         self.cache = caches
@@ -224,16 +226,18 @@ class MLP:
         _, act_backward = ACTIVATIONS[self.activation]
         dout = dlogits  # (B, C)
         for i in range(self.layers, 0, -1):
-            lin_cache, act_cache = self.cache[i - 1]
+            x_in, act_cache = self.cache[i - 1]
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
             dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
+            lin_cache = (x_in, self.params[f"W{i}"])  # W read again: stage 3 gathers it anew
             if blocks and i in blocks:
                 rows = None if on_rows is None else (lambda stop, i=i: on_rows(i, stop))
                 dout = linear_backward_blocked(dout, lin_cache, dW, db, blocks[i], accumulate,
                                                need_dx=i > 1, on_rows=rows)
             else:
                 dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
+            del lin_cache
             if on_grad is not None:
                 on_grad(i)
         self.cache = None  # free the activations, as autograd does

@@ -36,8 +36,9 @@ from .. import collectives as mp
 from .buckets import Bucket, writers
 from .shards import Layout, shard_state, unshard_state
 from .zero import GatherAfterStep
+from .zero3 import GatherPerUnit
 
-STAGES = (0, 1, 2)
+STAGES = (0, 1, 2, 3)
 
 
 def exact(comm, b: Bucket, out, algorithm: str, counts=None):
@@ -139,9 +140,11 @@ class ReduceScatter:
         xp, dtype = model.xp, next(iter(model.params.values())).dtype
         self.dtype = dtype
         shapes = {name: p.shape for name, p in model.params.items()}
-        self.layout = layout = Layout(buckets, shapes, comm.Get_size(), comm.Get_rank())
-        self.params = GatherAfterStep(model, comm, buckets, layout, algorithm["allgather"],
-                                      prefetch, timeout)
+        self.layout = layout = Layout(buckets, shapes, comm.Get_size(), comm.Get_rank(),
+                                      each=zero == 3)  # stage 3: every unit cut in N
+        gather = GatherPerUnit if zero == 3 else GatherAfterStep
+        self.params = gather(model, comm, buckets, layout, algorithm["allgather"], prefetch,
+                             timeout)
         if zero == 1:  # the full gradient buffer stays, the buckets are slices of it
             flat_grads = xp.zeros(layout.total, dtype=dtype)
             model.grads.update(layout.views(flat_grads))
@@ -263,7 +266,10 @@ class ReduceScatter:
         """An optimizer on the model's dicts holding everyone's state (collective)."""
         state = unshard_state(self.layout, self.comm, self.optimizer.state_dict(),
                               self.algorithm["allgather"])
-        full = self.optimizer.like(self.model.params, self.model.grads)
+        params = self.model.params
+        if self.zero == 3:  # stand-ins of the parameters' shapes and dtype: never stepped
+            params = self.layout.views(self.model.xp.empty(self.layout.total, self.dtype))
+        full = self.optimizer.like(params, {})
         full.load_state_dict(state)
         return full
 

@@ -60,8 +60,9 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
     p.add_argument("--eps", type=nonnegative, default=1e-8, help="Adam's and AdamW's")
     p.add_argument("--weight-decay", type=nonnegative, default=1e-4,
                    help="L2 (SGD, Adam) or decoupled (AdamW)")
-    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
-                   help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too, "
+                        "3 the parameters too")
     p.add_argument("--seed", type=count0, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
@@ -186,7 +187,7 @@ def start_from(args: argparse.Namespace, comm, model, opt, problem: str | None,
 
 
 def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
-    """`DataParallel` (or its ZeRO subclass) as the flags ask."""
+    """`DataParallel` (with --zero, ZeRO's reducer) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                         args.algorithm, args.progress_thread or False, args.debug, tracer,
                         zero=args.zero, optimizer=opt, deterministic=args.deterministic)
@@ -237,9 +238,10 @@ class Saver:
         if not self.args.checkpoint:
             return
         whole = self.ddp.full_optimizer() if self.args.zero else self.opt  # gathered
-        if self.rank == 0:
-            checkpoint.save(self.args.checkpoint, self.ddp.model, whole,
-                            {**run_state(self.args), "epoch": epoch, "step": step})
+        with self.ddp.gathered():  # --zero 3: the parameters too (collective)
+            if self.rank == 0:
+                checkpoint.save(self.args.checkpoint, self.ddp.model, whole,
+                                {**run_state(self.args), "epoch": epoch, "step": step})
 
 
 class Progress:

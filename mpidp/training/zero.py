@@ -116,6 +116,10 @@ class GatherAfterStep:
     def inflight(self) -> list:
         return self._gathers
 
+    def held(self) -> list:
+        """The parameter arrays this rank keeps: all of them, in one flat vector."""
+        return [self.flat]
+
     def before_forward(self) -> None:
         self._wait_unit(1)
 
