@@ -2,7 +2,7 @@
 
 from ..arrays import as_host
 from .algorithms.blocks import Blocks
-from .algorithms.ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
+from .algorithms.ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op
 from .api import (
     ALGORITHMS,
     IN_PLACE,
@@ -29,6 +29,7 @@ from .exact import (
     ireduce_scatter_parts,
     sum_parts,
 )
+from .mpiops import resolve_op
 from .persistent import (
     Persistent,
     allgather_init,

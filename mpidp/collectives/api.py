@@ -34,11 +34,12 @@ from .algorithms.halving import (
     recursive_halving_reduce_scatter,
 )
 from .algorithms.hierarchical import hierarchical_allreduce
-from .algorithms.ops import SUM, resolve_op
+from .algorithms.ops import SUM
 from .algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 from .checks import check_buffer, check_pair, gather_blocks, index, indices, scatter_blocks
 from .engine.driver import Request
+from .mpiops import resolve_op
 from .placement import locate
 from .plan import Call, Plan, Setup, copy_rounds, no_rounds, planned, signed, through_packed
 from .state import TAG_BASE  # noqa: F401 (mpidp.TAG_BASE)

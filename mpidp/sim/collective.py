@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from mpidp.collectives.algorithms.blocks import Blocks
-from mpidp.collectives.algorithms.ops import resolve_op
 from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
+from mpidp.collectives.mpiops import resolve_op
 from mpidp.collectives.plan import through_packed
 
 from .engine import TIMEOUT, Sim

@@ -30,6 +30,7 @@ from collections import deque
 
 import numpy as np
 
+from mpidp.collectives.algorithms.ops import Wrapper
 from mpidp.collectives.algorithms.rounds import Recv, Send
 
 from . import deadline
@@ -70,10 +71,10 @@ class SimComm:
                              "Get_rank()/Get_size() and yields rounds of Send/Recv")
 
 
-class CountingOp:
+class CountingOp(Wrapper):
     """An `Op` that adds the items it reduces to its rank's counter."""
 
-    __slots__ = ("op", "counts", "rank")
+    __slots__ = ("counts", "rank")
 
     def __init__(self, op, counts: list, rank: int):
         self.op, self.counts, self.rank = op, counts, rank
@@ -81,12 +82,6 @@ class CountingOp:
     def __call__(self, acc, tmp, src=None) -> None:
         self.counts[self.rank] += acc.size
         self.op(acc, tmp, src)
-
-    def finish(self, block, n: int) -> None:
-        self.op.finish(block, n)
-
-    def __getattr__(self, name):
-        return getattr(self.op, name)
 
 
 class TallyOp(CountingOp):

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from ..placement import known
 from .blocks import Blocks
-from .ops import Op
+from .ops import Op, Wrapper
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from .rounds import Rounds
 
@@ -89,16 +89,10 @@ def on_ranks(rounds: Rounds, ranks: list[int]) -> Rounds:
     return ([type(m)(m.buf, ranks[m.peer]) for m in round_] for round_ in rounds)
 
 
-class Unfinished:
+class Unfinished(Wrapper):
     """`op` without `finish`: the sums of a phase are complete only after the last one."""
 
-    __slots__ = ("op",)
-
-    def __init__(self, op: Op):
-        self.op = op
-
-    def __call__(self, acc, tmp, src=None) -> None:
-        self.op(acc, tmp, src)
+    __slots__ = ()
 
     def finish(self, block, n: int) -> None:
         pass

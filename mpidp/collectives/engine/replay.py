@@ -54,7 +54,7 @@ from ..algorithms.halving import (
     recursive_halving_reduce_scatter,
 )
 from ..algorithms.hierarchical import hierarchical_allreduce
-from ..algorithms.ops import Op
+from ..algorithms.ops import Op, Wrapper
 from ..algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 from ..algorithms.rounds import Recv, Rounds, Send
 from ..algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
@@ -82,10 +82,10 @@ def replayable(plan: Plan) -> bool:
     return plan.algo in REPLAYABLE
 
 
-class Recorder:
+class Recorder(Wrapper):
     """The plan's `Op` while recording: does each reduction and logs it as ``f(a, b, out=c)``."""
 
-    __slots__ = ("op", "log")
+    __slots__ = ("log",)
 
     def __init__(self, op: Op, log: list):
         self.op, self.log = op, log
