@@ -24,7 +24,6 @@ still runs the ``MPIDP_DEBUG`` agreement check when it is on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import flight
@@ -62,7 +61,7 @@ class Setup(NamedTuple):
     """What a call's signature determines, worked out once (`Call.setup`)."""
 
     signed: Signed  # its signature and description, with the algorithm `auto` picked
-    algo: Callable  # the generator of rounds
+    algo: object  # the registered algorithm (`algorithms.Algorithm`), or the caller's own
     blocks: Blocks | None = None  # (a broadcast has none)
     scratch: int = 0  # items of scratch the algorithm needs
 
@@ -225,22 +224,6 @@ class Plan:
         finally:
             if call.starting:
                 call.started()
-
-
-def no_rounds() -> Rounds:
-    """A collective with nothing to exchange (count 0)."""
-    yield from ()
-
-
-def copy_rounds(dst, src, algo=None, *args) -> Rounds:
-    """Copy `src` into `dst`, then the rounds of ``algo(*args)`` if any.
-
-    A copy the collective needs before its first round (one rank out of place, an
-    all-gather's own block) belongs to every run of the plan, not to planning.
-    """
-    array_module(dst).copyto(dst, src)
-    if algo is not None:
-        yield from algo(*args)
 
 
 def through_packed(algo, comm, buf, blocks: Blocks, work, mine) -> Rounds:
