@@ -56,7 +56,6 @@ from .algorithms.blocks import Blocks
 from .algorithms.halving import recursive_doubling_allreduce
 from .algorithms.hosts import members, spans_hosts
 from .algorithms.ops import MAX, SUM
-from .algorithms.ring import ring_allreduce
 from .algorithms.rounds import Recv, Rounds, Send
 from .engine.driver import run
 from .state import state
@@ -78,7 +77,8 @@ DEFAULT = Model(alpha=15e-6, beta=0.5e-9, gamma=1e-9)
 
 # What the calibration times: ring and recursive doubling differ in rounds, bytes
 # and reductions, so between them they separate α, β and γ.
-PROBE_ALGORITHMS = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce}
+PROBE_ALGORITHMS = {name: entry("allreduce", name).rounds
+                    for name in ("ring", "recursive_doubling")}
 SIZES = (8, 1 << 16, 1 << 18, 1 << 20)  # bytes of the whole vector
 PROBES = tuple((name, size) for size in SIZES for name in PROBE_ALGORITHMS)
 REPS = (10, 3)  # calls per timed batch: small vectors, from 64 KiB up
