@@ -71,7 +71,7 @@ NAMES = sorted(forms(MPI.COMM_SELF))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_entry_point_takes_one_number_and_gives_its_slot_back(name, no_debug_check):
+def test_every_entry_point_takes_one_number_and_gives_its_slot_back(name):
     comm = MPI.COMM_SELF.Dup()
     st = state.state(comm)
     good, refused = forms(comm)[name]
