@@ -39,6 +39,28 @@ from .engine.staging import stager
 from .state import CommState, check_user_tag, signature, state
 
 
+def planned(body: Callable[..., Plan], comm, *args, tag: int | None = None, debug: bool = False,
+            persistent: bool = False) -> Plan:
+    """``body(call, *args)`` for a new `Call` on `comm`: how every entry point makes its plan.
+
+    The functions (`api`), their I-forms and ``*_init`` pass a collective's plan
+    (``plans.plan_allreduce`` ...); `mpidp.Comm` passes its parser (`dropin.parse`),
+    which hands the parsed views to the same plans. The call's slot is taken first,
+    and goes back if `body` raises. A persistent call's start is over once it is
+    planned; another's when it runs (`Plan.run`, `Plan.start`).
+    """
+    call = Call(comm, tag, debug, persistent)
+    try:
+        plan = body(call, *args)
+    except BaseException as e:
+        call.failed(e)
+        call.started()
+        raise
+    if persistent:
+        call.started()
+    return plan
+
+
 class Signed(NamedTuple):
     """A call's signature (folded into its tags) and its description (the same fields
     by name, with the algorithm ``auto`` picked)."""
@@ -225,25 +247,3 @@ class Plan:
         finally:
             if call.starting:
                 call.started()
-
-
-def planned(body: Callable[..., Plan], comm, *args, tag: int | None = None, debug: bool = False,
-            persistent: bool = False) -> Plan:
-    """``body(call, *args)`` for a new `Call` on `comm`: how every entry point makes its plan.
-
-    The functions (`api`), their I-forms and ``*_init`` pass a collective's plan
-    (``plans.plan_allreduce`` ...); `mpidp.Comm` passes its parser (`dropin.parse`),
-    which hands the parsed views to the same plans. The call's slot is taken first,
-    and goes back if `body` raises. A persistent call's start is over once it is
-    planned; another's when it runs (`Plan.run`, `Plan.start`).
-    """
-    call = Call(comm, tag, debug, persistent)
-    try:
-        plan = body(call, *args)
-    except BaseException as e:
-        call.failed(e)
-        call.started()
-        raise
-    if persistent:
-        call.started()
-    return plan
