@@ -105,15 +105,8 @@ def test_a_circle_is_found_where_there_is_one():
     assert circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-# placement.calibrate_link times the host links with recursive doubling and the driver,
-# imported inside it; it moves to the cost model with the one registry (issue 22, item 2)
-LAZY_ALLOWED = {"mpidp.collectives.placement"}
-
-
 @pytest.mark.parametrize("name", sorted(call_path()))
 def test_no_mpidp_import_inside_a_function(name):
-    if name in LAZY_ALLOWED:
-        pytest.skip("placement.calibrate_link's imports move with it to cost.py (item 2)")
     lazy = [target for target, inside, _ in imported(call_path()[name]) if inside]
     assert not lazy, f"{name} imports {lazy} inside a function"
 

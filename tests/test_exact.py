@@ -17,8 +17,7 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives import cost
-from mpidp.collectives.algorithms import prerounding
-from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER
+from mpidp.collectives.algorithms import REGISTRY, prerounding
 from mpidp.collectives.dropin.counting import CountingComm
 from mpidp.sim import exact as sim_exact
 from mpidp.sim.exact import check_exact, hard_addends, simulate_exact
@@ -185,8 +184,8 @@ def test_refuses_what_the_bound_does_not_cover():
 
 
 @pytest.mark.parametrize("collective,algorithm",
-                         [("allreduce", a) for a in ALLREDUCE] +
-                         [("reduce_scatter", a) for a in REDUCE_SCATTER])
+                         [("allreduce", a) for a in REGISTRY["allreduce"]] +
+                         [("reduce_scatter", a) for a in REGISTRY["reduce_scatter"]])
 def test_sim_every_algorithm_bitwise_equals_one_rank(collective, algorithm):
     """N = 1..8, 11, 16: every rank's bits equal one rank's exact sum of the same addends,
     also with more addends than ranks, spread unevenly (one rank holds none)."""

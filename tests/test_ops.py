@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives.algorithms import ops as O
+from mpidp.collectives.mpiops import resolve_op
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OPS = ("MAX", "MIN", "SUM", "PROD", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
@@ -291,11 +292,11 @@ def test_op_dtype_rules_and_resolution():
     with pytest.raises(TypeError):
         O.BXOR.check(np.float64)
     O.SUM.check(np.float16)
-    assert O.resolve_op(MPI.SUM) is O.SUM and O.resolve_op("max") is O.MAX
-    assert O.resolve_op(MPI.BXOR) is O.BXOR
+    assert resolve_op(MPI.SUM) is O.SUM and resolve_op("max") is O.MAX
+    assert resolve_op(MPI.BXOR) is O.BXOR
     with pytest.raises(ValueError, match="unknown op"):
-        O.resolve_op("mean")
+        resolve_op("mean")
     with pytest.raises(NotImplementedError, match="MAXLOC"):
-        O.resolve_op(MPI.MAXLOC)
+        resolve_op(MPI.MAXLOC)
     with pytest.raises(TypeError):
-        O.resolve_op(3)
+        resolve_op(3)

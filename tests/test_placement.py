@@ -22,6 +22,7 @@ from helpers.oracle import counts_for as oracle_counts
 from mpi4py import MPI
 
 from mpidp.collectives import CountingComm, api, cost, placement
+from mpidp.collectives.algorithms import fold
 from mpidp.collectives.state import state
 from mpidp.sim import check, simulate
 from mpidp.sim.volume import link_bytes, measure
@@ -53,12 +54,12 @@ def test_every_placement_gives_the_right_result(collective, algorithm, shape):
 
 
 def test_the_partner_order():
-    assert placement.masks(None, 8, 0) == (4, 2, 1)  # one host: the article's order
-    assert placement.masks((0,) * 8, 8, 0) == (4, 2, 1)
-    assert placement.masks(placement.layout(4, ppn=2), 4, 0) == (1, 2)  # nearest first
-    assert placement.masks(placement.layout(8, ppn=4), 8, 0) == (2, 1, 4)
-    assert placement.masks(placement.layout(8, ppn=2), 8, 0, article=True) == (4, 2, 1)
-    assert placement.owners((4, 2, 1)) == tuple(range(8))  # the article's: block b on rank b
+    assert fold.masks(None, 8, 0) == (4, 2, 1)  # one host: the article's order
+    assert fold.masks((0,) * 8, 8, 0) == (4, 2, 1)
+    assert fold.masks(placement.layout(4, ppn=2), 4, 0) == (1, 2)  # nearest first
+    assert fold.masks(placement.layout(8, ppn=4), 8, 0) == (2, 1, 4)
+    assert fold.masks(placement.layout(8, ppn=2), 8, 0, article=True) == (4, 2, 1)
+    assert fold.owners((4, 2, 1)) == tuple(range(8))  # the article's: block b on rank b
 
 
 def link(algorithm, hosts, count=48):
@@ -89,7 +90,7 @@ def test_bytes_across_hosts_general_formula(H, L):
     for algorithm in ("rabenseifner", "rabenseifner_article", "recursive_doubling", "naive",
                       "direct", "hierarchical", "ring"):
         simulated = measure("allreduce", algorithm, N, hosts)["link"]
-        assert simulated == pytest.approx(placement.link_bytes(algorithm, hosts, 1.0)), algorithm
+        assert simulated == pytest.approx(cost.link_bytes(algorithm, hosts, 1.0)), algorithm
     nearest, article = (link(a, hosts, count) for a in ("rabenseifner", "rabenseifner_article"))
     assert nearest <= article  # nearest first never sends more across than the article's order
     if L in (2, 4) and H in (2, 4):  # and, hosts of 2^k ranks, the halves stay on the host

@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from mpidp.collectives.algorithms.fold import fold, on_real_ranks, virtual
+from mpidp.collectives.algorithms.fold import fold, real_ranks, virtual
 from mpidp.collectives.algorithms.halving import halving_scratch
-from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.algorithms.rounds import Recv, Send, remap
 from mpidp.sim import COLLECTIVES, check, names, simulate
 from mpidp.sim.conformance import counts_for, pairs
 
@@ -86,7 +86,7 @@ def halving_wrong_partner(comm, buf, blocks, op, tmp, src=None):
             op(buf[kept], recv, src[kept])
             src, mask = buf, mask >> 1
 
-    yield from on_real_ranks(loop(virtual(rank, r), q, buf if src is None else src), r)
+    yield from remap(loop(virtual(rank, r), q, buf if src is None else src), real_ranks(q, r))
 
 
 

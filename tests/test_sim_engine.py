@@ -5,6 +5,7 @@ No MPI here: N ranks run in this one process.
 """
 
 import inspect
+import re
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ from mpidp.sim import COLLECTIVES, ScheduleError, Sim, SimComm, names, simulate
 from mpidp.sim.table import command, format_table, table
 
 ALGORITHM_MODULES = (ring, halving, tree, direct, hierarchical, placement)
+REFERENCE = re.compile(r"the table of `(python -m mpidp\.sim table [^`]+)`(?: steps (\d+)-(\d+))?")
 # tables across hosts in the docstrings: (algorithm, collective, ranks per host), N = 4
 PLACED_TABLES = (("hierarchical", "allreduce", 2), ("rabenseifner", "allreduce", 2),
                  ("rabenseifner_article", "allreduce", 2))
@@ -47,7 +49,21 @@ def docstring_tables():
                 rows.append(row[indent:])
             assert line.strip() not in found, f"{line.strip()} twice"
             found[line.strip()] = (module.__name__, "\n".join(rows))
-    return found
+    return {cmd: (module, quoted(found, cmd, text)) for cmd, (module, text) in found.items()}
+
+
+def quoted(found, cmd, text):
+    """A table quoted once and referred to elsewhere, "(the table of `python -m mpidp.sim
+    table ...` steps 0-2)": the rows it refers to, renumbered, as the simulator prints them."""
+    parts = REFERENCE.findall(text) if text.startswith("(the table of `") else []
+    if not parts:
+        return text
+    grid = []
+    for other, lo, hi in parts:
+        rows = found[f"$ {other}"][1].splitlines()[2:]
+        rows = rows[int(lo) : int(hi) + 1] if lo else rows
+        grid += [[cell.strip() for cell in row.split("|")[1:]] for row in rows]
+    return format_table(grid, int(re.search(r"--ranks (\d+)", cmd)[1]))
 
 
 def drifted(tables) -> list[str]:

@@ -2,7 +2,7 @@
 
 from ..arrays import as_host
 from .algorithms.blocks import Blocks
-from .algorithms.ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op, resolve_op
+from .algorithms.ops import AVG, EXACT_AVG, EXACT_SUM, MAX, MIN, OPS, PROD, SUM, Op
 from .api import (
     ALGORITHMS,
     IN_PLACE,
@@ -33,6 +33,7 @@ from .dropin.counting import CountingComm
 from .engine.completion import testall, waitall
 from .engine.driver import Handle, Request
 from .engine.staging import ScratchPool
+from .mpiops import resolve_op
 from .persistent import Persistent
 
 __all__ = [

@@ -26,14 +26,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .algorithms import (  # noqa: F401 (api.ALGORITHMS ...: the names of each collective's)
-    ALGORITHMS,
-    ALLGATHER,
-    ALLREDUCE,
-    ANY_LAYOUT,
-    BCAST,
-    REDUCE_SCATTER,
-)
+from .algorithms import ALGORITHMS  # noqa: F401 (mpidp.ALGORITHMS: each collective's names)
 from .checks import check_algorithm  # noqa: F401 (mpidp.check_algorithm)
 from .cost import choose  # noqa: F401 (api.choose: what "auto" picks)
 from .engine.driver import Request

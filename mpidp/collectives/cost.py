@@ -6,26 +6,10 @@ reduced byte; a call costs a fixed amount on top, alike for every algorithm:
 
     time ≈ fixed + rounds·α + bytes·β + reduced bytes·γ
 
-For G bytes on N ranks (q = 2^⌊log2 N⌋, k = log2 q, f = 1 if q < N, else 0,
-L = ⌈log2 N⌉); each line is the docstring formula of the algorithm's module:
-
-    allreduce       ring                2(N-1)α + 2G(N-1)/N·β + G(N-1)/N·γ
-                    rabenseifner        2kα + 2G(q-1)/q·β + G(q-1)/q·γ + f·(3α + 2Gβ + G/2·γ)
-                    recursive_doubling  k(α + Gβ + Gγ) + f·(2α + 2Gβ + Gγ)
-                    naive               L(2α + 2Gβ + Gγ)
-                    direct              (N-1)(α + Gβ + Gγ)
-                    rabenseifner_article  as rabenseifner
-                    hierarchical        2(L-1)α + 2G(L-1)/L·β + G(L-1)/L·γ
-                                        + 2(H-1)α + 2(G/L)(H-1)/H·β + (G/L)(H-1)/H·γ
-                                        (H hosts, at most L ranks on one; one host: the ring)
-    reduce_scatter  ring                (N-1)α + G(N-1)/N·(β + γ)
-                    recursive_halving   kα + G(q-1)/q·(β + γ) + f·(3α + Gβ + G/2·γ + G/N·β)
-    allgather       ring                (N-1)α + G(N-1)/N·β
-                    recursive_doubling  kα + G(q-1)/q·β + f·(2α + G/N·β + Gβ)
-    bcast           binomial            L(α + Gβ)
-                    scatter_allgather   (L + N - 1)α + 2G(N-1)/N·β
-
-(`predict` spells them with p for N and n for G, as Python names.)
+The rounds, bytes and reduced bytes of each algorithm for G bytes on N ranks are
+its ``cost(N, G, hosts)``, written beside it (the registry, `algorithms.REGISTRY`),
+and the cost line of its module's docstring says the same (tests/test_registry.py
+checks that they agree); `predict` prices them.
 
 Small messages want few rounds (recursive doubling, binomial), large ones few
 bytes (ring, Rabenseifner, scatter + all-gather).
@@ -49,10 +33,10 @@ the model, as `DataParallel`'s does).
 the environment, or `set_model`, skip it.
 
 Across hosts (the placement, `placement`, spans several) an all-reduce's time adds
-the bytes through the busiest host link at beta_inter (`placement.link_bytes`:
-the ring 1.5G for 2 hosts × 2 ranks, Rabenseifner nearest first and hierarchical
-G, the article's order 2G); `placement.calibrate_link` measures beta_inter. On one host, or
-with beta_inter 0, nothing is added: the choice is what it was.
+the bytes through the busiest host link at beta_inter (`link_bytes`, the ``link``
+of its cost: the ring 1.5G for 2 hosts × 2 ranks, Rabenseifner nearest first and
+hierarchical G, the article's order 2G); `calibrate_link` measures beta_inter. On
+one host, or with beta_inter 0, nothing is added: the choice is what it was.
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, section 3.
 """
@@ -67,11 +51,12 @@ import numpy as np
 
 from .. import config
 from . import placement
+from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.halving import recursive_doubling_allreduce
+from .algorithms.hosts import members, spans_hosts
 from .algorithms.ops import MAX, SUM
-from .algorithms.ring import ring_allreduce
-from .algorithms.rounds import Rounds
+from .algorithms.rounds import Recv, Rounds, Send
 from .checks import check_algorithm
 from .engine.driver import run
 from .state import state
@@ -93,7 +78,8 @@ DEFAULT = Model(alpha=15e-6, beta=0.5e-9, gamma=1e-9)
 
 # What the calibration times: ring and recursive doubling differ in rounds, bytes
 # and reductions, so between them they separate α, β and γ.
-PROBE_ALGORITHMS = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce}
+PROBE_ALGORITHMS = {name: entry("allreduce", name).rounds
+                    for name in ("ring", "recursive_doubling")}
 SIZES = (8, 1 << 16, 1 << 18, 1 << 20)  # bytes of the whole vector
 PROBES = tuple((name, size) for size in SIZES for name in PROBE_ALGORITHMS)
 REPS = (10, 3)  # calls per timed batch: small vectors, from 64 KiB up
@@ -104,42 +90,24 @@ def predict(m: Model, collective: str, algorithm: str, nbytes: int, p: int,
     """Predicted seconds of `algorithm` for `collective` on `nbytes` (whole vector) and p ranks.
 
     `hosts`: the placement (`placement`); an all-reduce across hosts adds the bytes through
-    the busiest host link at ``m.beta_inter`` (`placement.link_bytes`). None, one host or
-    beta_inter 0: the one-level formulas alone.
+    the busiest host link at ``m.beta_inter`` (`link_bytes`). None, one host or
+    beta_inter 0: the one-level terms alone.
     """
-    a, b, g, n = m.alpha, m.beta, m.gamma, float(nbytes)
     if p == 1:
         return 0.0
-    q = 1 << (p.bit_length() - 1)
-    k, f, L = q.bit_length() - 1, float(q < p), (p - 1).bit_length()
-    part, qpart = n * (p - 1) / p, n * (q - 1) / q  # all blocks but one
-    H = max(hosts) + 1 if hosts else 1
-    ppn = max(hosts.count(h) for h in range(H)) if hosts else p  # ranks on the largest host
-    local, cross = n * (ppn - 1) / ppn, n / ppn * (H - 1) / H  # hierarchical: within, across
-    formulas = {
-        ("allreduce", "ring"): lambda: 2 * (p - 1) * a + 2 * part * b + part * g,
-        ("allreduce", "rabenseifner"): lambda: (2 * k * a + 2 * qpart * b + qpart * g
-                                                + f * (3 * a + 2 * n * b + n / 2 * g)),
-        ("allreduce", "recursive_doubling"): lambda: (k * (a + n * b + n * g)
-                                                      + f * (2 * a + 2 * n * b + n * g)),
-        ("allreduce", "naive"): lambda: L * (2 * a + 2 * n * b + n * g),
-        ("allreduce", "direct"): lambda: (p - 1) * (a + n * b + n * g),
-        ("allreduce", "rabenseifner_article"): lambda: formulas["allreduce", "rabenseifner"](),
-        ("allreduce", "hierarchical"): lambda: (2 * (ppn - 1) * a + 2 * local * b + local * g
-                                                + 2 * (H - 1) * a + 2 * cross * b + cross * g),
-        ("reduce_scatter", "ring"): lambda: (p - 1) * a + part * (b + g),
-        ("reduce_scatter", "recursive_halving"): lambda: (
-            k * a + qpart * (b + g) + f * (3 * a + n * b + n / 2 * g + n / p * b)),
-        ("allgather", "ring"): lambda: (p - 1) * a + part * b,
-        ("allgather", "recursive_doubling"): lambda: (k * a + qpart * b
-                                                      + f * (2 * a + n / p * b + n * b)),
-        ("bcast", "binomial"): lambda: L * (a + n * b),
-        ("bcast", "scatter_allgather"): lambda: (L + p - 1) * a + 2 * part * b,
-    }
-    link = 0.0
-    if collective == "allreduce" and m.beta_inter and placement.spans_hosts(hosts):
-        link = placement.link_bytes(algorithm, hosts, n) * m.beta_inter
-    return m.fixed + formulas[collective, algorithm]() + link
+    c = entry(collective, algorithm).cost(p, float(nbytes), hosts)
+    seconds = m.fixed + c.rounds * m.alpha + c.sent * m.beta + c.reduced * m.gamma
+    if m.beta_inter and c.link is not None and spans_hosts(hosts):
+        seconds += c.link * m.beta_inter
+    return seconds
+
+
+def link_bytes(algorithm: str, hosts, G: float) -> float:
+    """Bytes through the busiest host link, in its busier direction, for an all-reduce of
+    G bytes (the algorithms' ideal block sizes; 0 on one host)."""
+    if not spans_hosts(hosts) or len(hosts) < 2:
+        return 0.0
+    return entry("allreduce", algorithm).cost(len(hosts), G, tuple(hosts)).link
 
 
 @lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
@@ -175,7 +143,7 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
         if len(st.choices) > 4096:  # a run with ever new sizes: start again
             st.choices.clear()
         name = st.choices[question] = best(m, collective, names[:-1], nbytes, comm.Get_size(),
-                                           hosts if placement.spans_hosts(hosts) else None)
+                                           hosts if spans_hosts(hosts) else None)
     return name
 
 
@@ -200,8 +168,8 @@ def model(comm) -> Model:
         else:
             m = calibrate(comm)
             hosts = placement.placement(comm)
-            if placement.spans_hosts(hosts):  # one host: nothing changes
-                m = m._replace(beta_inter=placement.calibrate_link(comm, hosts))
+            if spans_hosts(hosts):  # one host: nothing changes
+                m = m._replace(beta_inter=calibrate_link(comm, hosts))
         m = set_model(comm, *m)
     return m
 
@@ -228,8 +196,10 @@ def _fastest(comm, tag: int, name: str, buf, tmp) -> float:
 def terms(collective: str, algorithm: str, nbytes: int, p: int) -> np.ndarray:
     """(1, rounds, bytes, reduced bytes) of one call: the model's time is their dot product
     with (fixed, α, β, γ)."""
-    unit = (Model(1, 0, 0), Model(0, 1, 0), Model(0, 0, 1))
-    return np.array([1.0, *(predict(m, collective, algorithm, nbytes, p) for m in unit)])
+    if p == 1:
+        return np.array([1.0, 0.0, 0.0, 0.0])
+    c = entry(collective, algorithm).cost(p, float(nbytes))
+    return np.array([1.0, c.rounds, c.sent, c.reduced])
 
 
 def fit(rows: np.ndarray, seconds: np.ndarray) -> Model:
@@ -287,3 +257,44 @@ def _calibrate(comm, tag: int) -> Model:
                                            np.empty_like(mine), mine), tag)
     return Model(*(total / n))
 
+
+
+# ------------------------------------------------------------ the host links' rate
+
+LINK_PROBE = 1 << 20  # bytes each rank sends across to time the host links
+
+
+def calibrate_link(comm, hosts: tuple) -> float:
+    """Seconds per byte through a host's link; collective, on a comm that spans hosts.
+
+    Every rank sends LINK_PROBE bytes to the rank of the same local index on the next
+    host and receives as much from the previous one, all at once, as the hierarchical
+    all-reduce's step across does: a link carries ppn probes per direction. Three
+    back to back after one that opens the connections (so that ranks that start
+    apart do not time a probe already on its way), the slowest rank's time over
+    the bytes of the busiest link.
+    """
+    rank, H = comm.Get_rank(), max(hosts) + 1
+    on = members(hosts)
+    j, h = on[hosts[rank]].index(rank), hosts[rank]
+    right, left = on[(h + 1) % H], on[(h - 1) % H]
+    buf, tmp = np.zeros(LINK_PROBE, np.uint8), np.empty(LINK_PROBE, np.uint8)
+
+    def exchange(times: int):
+        for _ in range(times):
+            yield [*([Send(buf, right[j])] if j < len(right) else []),
+                   *([Recv(tmp, left[j])] if j < len(left) else [])]
+
+    st = state(comm)
+    slot = st.take()
+    try:
+        tag = st.tag(slot)
+        run(comm, exchange(1), tag)  # opens the connections
+        t0 = time.perf_counter()
+        run(comm, exchange(3), tag)
+        mine, slowest = np.array([(time.perf_counter() - t0) / 3]), np.empty(1)
+        run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(1, comm.Get_size()),
+                                               MAX, np.empty(1), mine), tag)
+    finally:
+        st.release(slot)
+    return float(slowest[0]) / (LINK_PROBE * max(map(len, on)))

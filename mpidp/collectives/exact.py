@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..arrays import array_module, flat
-from .algorithms import ALLREDUCE, REDUCE_SCATTER
+from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
 from .algorithms.prerounding import (
@@ -192,8 +192,9 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         word_name = choose(comm, collective, count * g.words * 8, algorithm)
         code_name = (CODE_FOR[word_name] if rs else
                      choose(comm, "allreduce", count * g.code.itemsize, algorithm))
-        code_algo, code_scratch = ALLREDUCE[code_name]
-        word_algo, word_scratch = (REDUCE_SCATTER if rs else ALLREDUCE)[word_name]
+        code_algo = entry("allreduce", code_name)  # (the placement is handed in per call)
+        word_algo = entry("reduce_scatter" if rs else "allreduce", word_name)
+        code_scratch, word_scratch = code_algo.scratch, word_algo.scratch
         word_blocks = (Blocks([c * g.words for c in blocks.counts]) if rs
                        else Blocks.even(count * g.words, comm.Get_size()))
         items = (code_scratch(Blocks.even(count, comm.Get_size())), word_scratch(word_blocks))
@@ -210,8 +211,9 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
     code_name, code_algo, word_name, word_algo = s.algo
-    locate(comm, call.state, "allreduce", code_name)
-    locate(comm, call.state, "reduce_scatter" if rs else "allreduce", word_name)
+    code_algo = code_algo.bound(locate(comm, call.state, "allreduce", code_name))
+    word_algo = word_algo.bound(locate(comm, call.state, "reduce_scatter" if rs else "allreduce",
+                                       word_name))
     scratch = scratch_for(call.state.pool, g, count, *s.scratch)
     args = (comm, parts, out, g, code_algo, word_algo, scratch, op.divide, blocks)
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))

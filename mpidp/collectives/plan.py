@@ -84,7 +84,7 @@ class Setup(NamedTuple):
     """What a call's signature determines, worked out once (`Call.setup`)."""
 
     signed: Signed  # its signature and description, with the algorithm `auto` picked
-    algo: Callable  # the generator of rounds
+    algo: object  # the registered algorithm (`algorithms.Algorithm`), or the caller's own
     blocks: Blocks | None = None  # (a broadcast has none)
     scratch: int = 0  # items of scratch the algorithm needs
 

@@ -21,11 +21,11 @@ from mpi4py import MPI
 
 from ..arrays import array_module, flat
 from . import exact
-from .algorithms import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
+from .algorithms import entry
 from .algorithms.blocks import Blocks
-from .algorithms.ops import SUM, resolve_op
+from .algorithms.ops import SUM
 from .algorithms.ring import ring_reduce_scatter
-from .algorithms.rounds import Rounds, no_rounds
+from .algorithms.rounds import Rounds, copy_rounds, no_rounds
 from .algorithms.tree import scatter_allgather_bcast
 from .checks import (
     check_algorithm,
@@ -37,6 +37,7 @@ from .checks import (
     scatter_blocks,
 )
 from .cost import choose
+from .mpiops import resolve_op
 from .placement import locate
 from .plan import Call, Plan, Setup, signed
 
@@ -58,16 +59,16 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     def setup() -> Setup:
         name = choose(comm, "allreduce", buf.nbytes, algorithm)
         blocks = Blocks.even(buf.size, comm.Get_size())
-        algo, scratch_items = ALLREDUCE[name]
-        return Setup(signed("allreduce", buf.size, buf.dtype, op, name), algo, blocks,
-                     scratch_items(blocks))
+        found = entry("allreduce", name)
+        return Setup(signed("allreduce", buf.size, buf.dtype, op, name), found, blocks,
+                     found.scratch(blocks))
 
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         check_algorithm("allreduce", algorithm)
         call.agree("allreduce", count=buf.size, dtype=buf.dtype, op=op.name, algorithm=algorithm)
     s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
     tag = call.tag(s.signed)
-    locate(comm, call.state, "allreduce", s.signed.description["algorithm"])
+    algo = s.algo.bound(locate(comm, call.state, "allreduce", s.algo.name))
     if send is not None and comm.Get_size() == 1:  # one rank: no round will write recvbuf
         return Plan(call, copy_rounds, (buf, flat(send)), tag)
     if buf.size == 0:
@@ -75,7 +76,7 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     # out of place, the algorithms read sendbuf where it is (no copy first)
     src = None if send is None else flat(send)
     tmp = call.state.pool.take(buf, s.scratch)
-    return Plan(call, s.algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
+    return Plan(call, algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
 
 
 def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
@@ -112,9 +113,9 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     def setup() -> Setup:
         blocks = layout()
         name = choose(comm, "reduce_scatter", full.nbytes, algorithm)
-        algo, scratch_items = REDUCE_SCATTER[name]
-        return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), algo,
-                     blocks, scratch_items(blocks))
+        found = entry("reduce_scatter", name)
+        return Setup(signed("reduce_scatter", blocks.counts, full.dtype, op, name), found,
+                     blocks, found.scratch(blocks))
 
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         check_algorithm("reduce_scatter", algorithm)
@@ -123,7 +124,7 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
                     op.name, algorithm), setup)
     tag, blocks = call.tag(s.signed), s.blocks
-    locate(comm, call.state, "reduce_scatter", s.signed.description["algorithm"])
+    hosts = locate(comm, call.state, "reduce_scatter", s.algo.name)
     out = flat(recvbuf)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
@@ -131,7 +132,7 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
     tmp = pool.take(work, s.scratch)
     # the input is read where it is: the algorithms never write it (one rank: a copy)
-    algo, args = s.algo, (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
+    algo, args = s.algo.bound(hosts), (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
     if n == 1:
         algo, args = copy_rounds, (work, flat(full), algo, *args)
     elif algo is ring_reduce_scatter:  # its last sum goes to recvbuf itself: no copy after
@@ -172,7 +173,7 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
         blocks = layout()
         name = choose(comm, "allgather", blocks.total * buf.itemsize, algorithm)  # alike everywhere
         return Setup(signed("allgather", blocks.counts, buf.dtype, None, name),
-                     ALLGATHER[name], blocks)
+                     entry("allgather", name), blocks)
 
     if call.debug:  # the arguments as passed (the counts; displs are each rank's own layout)
         check_algorithm("allgather", algorithm)
@@ -180,9 +181,9 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
                     buf.dtype, algorithm), setup)
     tag = call.tag(s.signed)
-    locate(comm, call.state, "allgather", s.signed.description["algorithm"])
-    algo, args = s.algo, (comm, buf, s.blocks)
-    if not (s.blocks.packed or algo in ANY_LAYOUT):  # my layout is mine alone: pack
+    algo = s.algo.bound(locate(comm, call.state, "allgather", s.algo.name))
+    args = (comm, buf, s.blocks)
+    if not (s.blocks.packed or s.algo.any_layout):  # my layout is mine alone: pack
         work = call.state.pool.take(buf, s.blocks.total)
         mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
         return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
@@ -202,14 +203,15 @@ def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
 
     def setup() -> Setup:
         name = choose(comm, "bcast", vec.nbytes, algorithm)
-        return Setup(signed("bcast", vec.size, vec.dtype, None, name, root), BCAST[name])
+        return Setup(signed("bcast", vec.size, vec.dtype, None, name, root),
+                     entry("bcast", name))
 
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         check_algorithm("bcast", algorithm)
         call.agree("bcast", count=vec.size, dtype=vec.dtype, algorithm=algorithm, root=root)
     s = call.setup(("bcast", vec.size, vec.dtype, root, algorithm), setup)
     tag = call.tag(s.signed)
-    algo, args = s.algo, (comm, vec, root)
+    algo, args = s.algo.rounds, (comm, vec, root)
     if algo is scatter_allgather_bcast and not getattr(vec.flags, "writeable", True):
         # a read-only root buffer (MPI allows it): the ring writes the root's blocks back,
         # so it runs on a copy, made at every run
@@ -219,17 +221,6 @@ def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
 
 
 # ------------------------------------------------------------ rounds around an algorithm
-
-def copy_rounds(dst, src, algo=None, *args) -> Rounds:
-    """Copy `src` into `dst`, then the rounds of ``algo(*args)`` if any.
-
-    A copy the collective needs before its first round (one rank out of place, an
-    all-gather's own block) belongs to every run of the plan, not to planning.
-    """
-    array_module(dst).copyto(dst, src)
-    if algo is not None:
-        yield from algo(*args)
-
 
 def through_packed(algo, comm, buf, blocks: Blocks, work, mine) -> Rounds:
     """An all-gather into this rank's own layout `blocks`, run on `work`, packed.

@@ -12,47 +12,44 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpidp.collectives.algorithms.blocks import Blocks
-from mpidp.collectives.algorithms.ops import resolve_op
-from mpidp.collectives.api import ALLGATHER, ALLREDUCE, ANY_LAYOUT, BCAST, REDUCE_SCATTER
+from mpidp.collectives.algorithms import COLLECTIVES, REGISTRY, of  # noqa: F401 (mpidp.sim.COLLECTIVES)
+from mpidp.collectives.algorithms.blocks import Blocks, one_vector
+from mpidp.collectives.mpiops import resolve_op
 from mpidp.collectives.plans import through_packed
 
 from .engine import TIMEOUT, Sim, TallyOp
 
-TABLES = {"allreduce": ALLREDUCE, "reduce_scatter": REDUCE_SCATTER,
-          "allgather": ALLGATHER, "bcast": BCAST}
-COLLECTIVES = tuple(TABLES)
 REDUCING = ("allreduce", "reduce_scatter")  # the collectives that take an op and scratch
 SENTINEL = 77  # what a receive buffer holds before the collective: items it must overwrite
 GARBAGE = 99  # what scratch holds at the start: an algorithm must not read it unwritten
 
 
 def names(collective: str) -> tuple[str, ...]:
-    """mpidp's algorithm names for `collective` (without "auto")."""
-    return tuple(TABLES[collective])
+    """mpidp's algorithm names for `collective` (without "auto"): the registry's, read now."""
+    return tuple(REGISTRY[collective])
 
 
-def resolve(collective: str, algorithm, scratch=None):
+def resolve(collective: str, algorithm, scratch=None, placement=None):
     """(generator, scratch items as a function of blocks or None, name) for a name or a function.
 
-    A function that mpidp registers gets its registered scratch size; another one gets
-    `scratch`, by default a whole vector (``blocks.total`` items).
+    A function that mpidp registers gets its registered scratch size, and `placement`
+    handed in if it reads one; another one gets `scratch`, by default a whole vector
+    (``blocks.total`` items).
     """
-    entries = {k: v if isinstance(v, tuple) else (v, None)
-               for k, v in TABLES[collective].items()}
     if isinstance(algorithm, str):
-        if algorithm not in entries:
+        if algorithm not in REGISTRY[collective]:
             raise ValueError(f"unknown {collective} algorithm {algorithm!r}; "
                              f"expected one of {names(collective)}")
-        name = algorithm
+        found = REGISTRY[collective][algorithm]
     else:
-        name = next((k for k, (fn, _) in entries.items() if fn is algorithm),
-                    getattr(algorithm, "__name__", repr(algorithm)))
-    fn, registered = entries.get(name, (algorithm, None))
+        found = of(algorithm)
+        found = found if found is not None and found.collective == collective else None
+    fn = algorithm if found is None else found.bound(placement)
+    name = found.name if found else getattr(algorithm, "__name__", repr(algorithm))
     if collective not in REDUCING:
         return fn, None, name
     if scratch is None:
-        scratch = registered if registered is not None else (lambda blocks: blocks.total)
+        scratch = found.scratch if found is not None else one_vector
     return fn, scratch, name
 
 
@@ -146,7 +143,9 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
     Raises:
         ScheduleError: deadlock, mismatched pair or overlapping round (see `Sim`).
     """
-    fn, scratch_items, name = resolve(collective, algorithm, scratch)
+    placement = None if placement is None else tuple(placement)
+    fn, scratch_items, name = resolve(collective, algorithm, scratch, placement)
+    found = of(fn)
     own = per_rank(displs, N) and collective == "allgather"
     layouts = [layout(collective, N, count, counts, displs[r] if own else displs)
                for r in range(N)]  # each rank's own blocks
@@ -157,7 +156,7 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
         sizes = {"allgather": blocks.counts}.get(collective, [blocks.total] * N)
         inputs = [make_input(the_op.name, dt, sizes[r], r, seed) for r in range(N)]
     sim = Sim(N, trace=trace, timer=timer, on_step=on_step, max_steps=max_steps,
-              placement=None if placement is None else tuple(placement), timeout=timeout,
+              placement=placement, timeout=timeout,
               data=data)
     gens, results, sendbufs = [], [], []
     for r, comm in enumerate(sim.comms):
@@ -169,7 +168,7 @@ def simulate(collective: str, algorithm, N: int, count: int = 0, *, counts=None,
             mine = layouts[r]
             buf = np.full(mine.extent, SENTINEL, dt)
             mine.view(buf, r)[...] = x
-            if mine.packed or fn in ANY_LAYOUT:
+            if mine.packed or (found is not None and found.any_layout):
                 gens.append(fn(comm, buf, mine))
             else:  # as plan_allgather: on a packed copy, then to this rank's layout
                 tmp = np.full(mine.total, GARBAGE, dt)

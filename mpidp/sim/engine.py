@@ -30,7 +30,8 @@ from collections import deque
 
 import numpy as np
 
-from mpidp.collectives.algorithms.rounds import Recv, Send
+from mpidp.collectives.algorithms.ops import Wrapper
+from mpidp.collectives.algorithms.rounds import Group, Recv, Send
 
 from . import deadline
 from .reports import ScheduleError, deadlock, describe, locate
@@ -50,30 +51,13 @@ def _short(x) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class SimComm:
-    """What an algorithm sees of its communicator in the simulator: its rank, the size and
-    the placement (the host of each rank; None: one host), as `topology.known` reads it."""
-
-    __slots__ = ("rank", "size", "placement")
-
-    def __init__(self, rank: int, size: int, placement: tuple | None = None):
-        self.rank, self.size, self.placement = rank, size, placement
-
-    def Get_rank(self) -> int:  # noqa: N802
-        return self.rank
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.size
-
-    def __getattr__(self, name):
-        raise AttributeError(f"SimComm has no {name!r}: in mpidp.sim an algorithm only reads "
-                             "Get_rank()/Get_size() and yields rounds of Send/Recv")
+SimComm = Group  # what an algorithm sees of its communicator: Get_rank() and Get_size()
 
 
-class CountingOp:
+class CountingOp(Wrapper):
     """An `Op` that adds the items it reduces to its rank's counter."""
 
-    __slots__ = ("op", "counts", "rank")
+    __slots__ = ("counts", "rank")
 
     def __init__(self, op, counts: list, rank: int):
         self.op, self.counts, self.rank = op, counts, rank
@@ -81,12 +65,6 @@ class CountingOp:
     def __call__(self, acc, tmp, src=None) -> None:
         self.counts[self.rank] += acc.size
         self.op(acc, tmp, src)
-
-    def finish(self, block, n: int) -> None:
-        self.op.finish(block, n)
-
-    def __getattr__(self, name):
-        return getattr(self.op, name)
 
 
 class TallyOp(CountingOp):
@@ -115,7 +93,9 @@ class Sim:
             have done their local work, before they post: ``on_step(sim, t)`` sees the
             buffers after step t - 1 (t = 0: at the start; t = steps: at the end).
         max_steps: stop with a `ScheduleError` after this many steps (a loop that never ends).
-        placement: the host of each rank (`mpidp.collectives.placement`); None: one host.
+        placement: the host of each rank (`mpidp.collectives.placement`; None: one host),
+            kept as ``placement`` for the record: `simulate` hands it to the algorithms
+            that read it, as the entry points hand them the communicator's.
         timeout: seconds one resume of a generator may run (its local work and the
             making of its next round) before it is stopped with a `ScheduleError`: an
             endless loop without ``yield`` (`mpidp.sim.deadline`); None: no bound.
@@ -131,7 +111,8 @@ class Sim:
         self.size, self.max_steps, self.timeout, self.data = size, max_steps, timeout, data
         if placement is not None and len(placement) != size:
             raise ValueError(f"a placement of {len(placement)} ranks for {size} ranks")
-        self.comms = [SimComm(r, size, placement) for r in range(size)]
+        self.placement = placement
+        self.comms = [SimComm(r, size) for r in range(size)]
         self.bytes_sent, self.bytes_received = [0] * size, [0] * size
         self.messages_sent, self.messages_received = [0] * size, [0] * size
         self.rounds, self.reduced = [0] * size, [0] * size

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpidp.collectives.algorithms import REGISTRY, entry
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.algorithms.prerounding import grid
-from mpidp.collectives.api import ALLREDUCE, REDUCE_SCATTER, sum_parts
+from mpidp.collectives.api import sum_parts
 from mpidp.collectives.engine.staging import ScratchPool
 from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for
 
@@ -71,11 +72,13 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
     rs = collective == "reduce_scatter"
     blocks = Blocks(counts) if rs else None
     code_name = CODE_FOR[algorithm] if rs else algorithm
-    code_algo, code_scratch = ALLREDUCE[code_name]
-    word_algo, word_scratch = (REDUCE_SCATTER if rs else ALLREDUCE)[algorithm]
+    hosts = None if placement is None else tuple(placement)
+    code, word = entry("allreduce", code_name), entry(collective, algorithm)
+    code_algo, code_scratch = code.bound(hosts), code.scratch
+    word_algo, word_scratch = word.bound(hosts), word.scratch
     word_blocks = (Blocks([c * g.words for c in counts]) if rs
                    else Blocks.even(size * g.words, N))
-    sim = Sim(N, placement=None if placement is None else tuple(placement))
+    sim = Sim(N, placement=hosts)
     gens, results = [], []
     for r, comm in enumerate(sim.comms):
         out = np.full(blocks.counts[r] if rs else size, 77, dtype)
@@ -145,7 +148,7 @@ def exact_volume(ranks, algorithms=None, dtype="float64") -> list[dict]:
     for N in ranks:
         q = 1 << (N.bit_length() - 1)
         count = 2 * N * q // np.gcd(N, q)
-        for name in algorithms or tuple(ALLREDUCE):
+        for name in algorithms or tuple(REGISTRY["allreduce"]):
             by_rank = [[np.ones(count, dtype)] for _ in range(N)]
             _, sim = simulate_exact(name, by_rank, N)
             G = count * np.dtype(dtype).itemsize

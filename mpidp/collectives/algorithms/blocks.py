@@ -83,3 +83,13 @@ class Blocks:
     def span(self, lo: int, hi: int):
         """Items covered by blocks lo, ..., hi-1, as a slice."""
         return slice(self.start(lo), self.start(hi))
+
+
+def one_block(blocks: Blocks) -> int:
+    """Scratch items for an algorithm that receives one block at a time: the largest."""
+    return blocks.max
+
+
+def one_vector(blocks: Blocks) -> int:
+    """Scratch items for an algorithm that receives a whole vector at a time."""
+    return blocks.total

@@ -13,10 +13,10 @@ measures the others against: G·(N-1) bytes sent and received per rank, against
 
 Every rank adds the vectors in rank order, v0 ⊕ v1 ⊕ ... ⊕ v(N-1), its own
 at its place (copied into the scratch first), so every rank gets the same bits.
-The step table, computed by running this code (`mpidp.sim`; tests/test_sim_engine.py
-checks that it still is; "↔1,2,3:0-3" swaps blocks 0-3, the whole vector, with
-ranks 1, 2 and 3, in that order: rank r sends to r + 1, r + 2, ... and receives
-from r - 1, r - 2, ..., so that no rank is every rank's first peer):
+The step table, computed by running this code (`mpidp.sim`; "↔1,2,3:0-3" swaps
+blocks 0-3, the whole vector, with ranks 1, 2 and 3, in that order: rank r sends
+to r + 1, r + 2, ... and receives from r - 1, r - 2, ..., so that no rank is
+every rank's first peer):
 
         $ python -m mpidp.sim table direct --ranks 4
         step | rank 0     | rank 1     | rank 2     | rank 3
@@ -35,8 +35,9 @@ Reference: the seed article's "naive" exchange; Thakur, Rabenseifner, Gropp,
 from __future__ import annotations
 
 from .blocks import Blocks
+from .hosts import Links, spans_hosts
 from .ops import Op
-from .rounds import Recv, Rounds, Send
+from .rounds import Cost, Recv, Rounds, Send
 
 
 def direct_scratch(blocks: Blocks) -> int:
@@ -65,3 +66,15 @@ def direct_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds
     for q in range(2, N):
         op(buf, vec[q])
     op.finish(buf, N)
+
+
+def direct_cost(N: int, G: float, hosts=None) -> Cost:
+    link = 0.0
+    if spans_hosts(hosts):  # every rank sends its whole vector to every other
+        links = Links(hosts)
+        for a in range(N):
+            for b in range(N):
+                if a != b:
+                    links.send(a, b, G)
+        link = links.busiest
+    return Cost(N - 1, G * (N - 1), G * (N - 1), link)

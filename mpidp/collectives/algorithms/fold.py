@@ -10,9 +10,16 @@ afterwards. Ranks 2r.. are virtual ranks rank - r. For N = 6:
         (reduce-scatter and all-gather: virtual block i < r = blocks 2i, 2i+1)
 
 The main loops address virtual ranks and ranges of virtual blocks, as they
-would for N = q; `on_real_ranks` sends each message to the real rank that
-plays its peer, and `VirtualBlocks` maps a range of virtual blocks to the real
-ones (a pair's two blocks are one virtual block).
+would for N = q; ``remap(loop, real_ranks(q, r))`` sends each message to the
+real rank that plays its peer, and `VirtualBlocks` maps a range of virtual
+blocks to the real ones (a pair's two blocks are one virtual block).
+
+Across hosts the order of the partners decides what crosses the host links
+(`masks`): partners on one host first, so that the large halves stay inside the
+hosts. In another order than the article's the all-reduce renumbers the blocks
+(`owners`), so that each rank still keeps one run of them; a reduce-scatter
+must end with block r on rank r (MPI's layout), so there a rank keeps every
+other block (or every fourth ...), sent as several messages per round.
 
 Cost (G bytes): in the reduction algorithms the pairs reduce a half each and
 the even rank hands its reduced half over, 2α + G·β + G/2·γ before the main
@@ -24,9 +31,11 @@ hands the even rank's block over (α + G/N·β) and all G back (α + G·β).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from .blocks import Blocks
+from .hosts import spans_hosts
 from .ops import Op
 from .rounds import Recv, Rounds, Send
 
@@ -49,12 +58,42 @@ def real(vrank: int, r: int) -> int:
     return 2 * vrank + 1 if vrank < r else vrank + r
 
 
-def on_real_ranks(rounds: Rounds, r: int) -> Rounds:
-    """The rounds of a loop among virtual ranks, each message addressed to the real rank
-    that plays its virtual peer."""
-    if r == 0:
-        return rounds
-    return ([type(m)(m.buf, real(m.peer, r)) for m in round_] for round_ in rounds)
+@lru_cache(maxsize=256)
+def real_ranks(q: int, r: int) -> tuple[int, ...]:
+    """real_ranks[v]: the rank that plays virtual rank v, for `remap` of the main loop."""
+    return tuple(real(v, r) for v in range(q))
+
+
+@lru_cache(maxsize=256)
+def masks(hosts: tuple | None, q: int, r: int, article: bool = False) -> tuple[int, ...]:
+    """The halving order of partner masks for q = 2^k main-loop ranks (r folded pairs).
+
+    The article's order is q/2, q/4, ..., 1 (partner at distance q/2 first). With a
+    placement, the masks whose partners share a host come first (fewest pairs across
+    hosts first, ties largest first): the halves that are still large are swapped
+    inside the hosts, and only the small last pieces cross. On one host this is the
+    article's order. Recursive doubling runs the order backwards.
+    """
+    order = [q >> i for i in range(1, q.bit_length())]  # q/2, ..., 1
+    if article or not spans_hosts(hosts):
+        return tuple(order)
+
+    def crossing(mask: int) -> int:  # pairs of virtual ranks on two hosts
+        return sum(hosts[real(v, r)] != hosts[real(v ^ mask, r)] for v in range(q))
+
+    return tuple(sorted(order, key=lambda m: (crossing(m), -m)))
+
+
+@lru_cache(maxsize=256)
+def owners(order: tuple) -> tuple[int, ...]:
+    """owner[b]: the rank whose block b is when halving in `order` keeps one run of blocks
+    per rank (the upper half where the rank has the step's mask bit); the article's
+    order gives block b to rank b."""
+    q = 2 * max(order) if order else 1
+    owner = [0] * q
+    for v in range(q):
+        owner[sum(q >> (i + 1) for i, m in enumerate(order) if v & m)] = v
+    return tuple(owner)
 
 
 class VirtualBlocks(NamedTuple):

@@ -12,7 +12,9 @@ payload): `halving._swapping`.
 ``AVG`` is not an MPI operator: it is the sum, divided by the number of ranks
 once at the end (`Op.finish`), which is what gradient averaging needs.
 ``EXACT_SUM`` and ``EXACT_AVG`` are not either: order-independent sums that the
-call path runs as collectives of their own (exact.py, prerounding.py).
+call path runs as collectives of their own (exact.py, prerounding.py). Which MPI
+operator is which of these, and on which MPI datatypes MPI defines it, is the call
+path's business (collectives/mpiops.py): the algorithms know no MPI.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from mpi4py import MPI
 
 _NUMERIC = "iufc"  # signed, unsigned, float, complex
 _INTEGER = "iu"
@@ -93,84 +94,25 @@ EXACT_SUM = Op("exact_sum", "add", "iuf", exact=True)
 EXACT_AVG = Op("exact_avg", "add", "f", divide=True, exact=True)
 EXACT = {op.name: op for op in (EXACT_SUM, EXACT_AVG)}
 
-_FROM_MPI = [  # MPI.Op is not hashable: a list of pairs
-    (MPI.SUM, SUM), (MPI.PROD, PROD), (MPI.MAX, MAX), (MPI.MIN, MIN),
-    (MPI.LAND, LAND), (MPI.LOR, LOR), (MPI.LXOR, LXOR),
-    (MPI.BAND, BAND), (MPI.BOR, BOR), (MPI.BXOR, BXOR),
-]
 
+class Wrapper:
+    """An `Op` that stands for another: does what `op` does, and answers for it.
 
-# ---------------------------------------------------------------- MPI's table of combinations
-# MPI-4.1, section 6.9.2: each predefined operation is defined on some groups of basic
-# datatypes (bufspec.GROUPS says which datatype is in which group); on any other, a
-# reduction is erroneous, and mpidp.Comm raises MPI.Exception (MPI.ERR_OP), as MPICH and
-# Open MPI do for most such calls (docs/dropin.md lists where they compute one anyway).
-C_INTEGER, FORTRAN_INTEGER, FLOATING = "C integer", "Fortran integer", "floating point"
-LOGICAL, COMPLEX, BYTE, MULTI = "logical", "complex", "byte", "multi-language"
-PAIR = "pair"  # MPI.DOUBLE_INT, ...: MAXLOC and MINLOC, which mpidp does not compute
-_ORDERED = (C_INTEGER, FORTRAN_INTEGER, FLOATING, MULTI)
-_ARITHMETIC = (C_INTEGER, FORTRAN_INTEGER, FLOATING, COMPLEX, MULTI)
-_LOGIC = (C_INTEGER, LOGICAL)
-_BITS = (C_INTEGER, FORTRAN_INTEGER, BYTE, MULTI)
-DEFINED_ON = {
-    "max": _ORDERED, "min": _ORDERED, "sum": _ARITHMETIC, "prod": _ARITHMETIC,
-    "land": _LOGIC, "lor": _LOGIC, "lxor": _LOGIC, "band": _BITS, "bor": _BITS, "bxor": _BITS,
-    "maxloc": (PAIR,), "minloc": (PAIR,),
-    "replace": (), "no_op": (),  # one-sided accumulates only: in a collective, on nothing
-}
-_MPI_NAMES = [(mpi_op, ours.name) for mpi_op, ours in _FROM_MPI] + [
-    (MPI.MAXLOC, "maxloc"), (MPI.MINLOC, "minloc"), (MPI.REPLACE, "replace"),
-    (MPI.NO_OP, "no_op")]
+    The ops that watch a run subclass it and change one thing: a sub-phase's op
+    that does not finish (`hierarchical`), one that logs what it does (the replay's
+    recorder), one that counts reduced items (the simulator's).
+    """
 
+    __slots__ = ("op",)
 
-def mpi_name(op) -> str | None:
-    """The key in `DEFINED_ON` of a predefined MPI op (or of the mpidp op or name of
-    one: SUM, "sum"); None for the others (AVG, user-defined ops)."""
-    for mpi_op, name in _MPI_NAMES:
-        if op is mpi_op:  # the common case first: MPI.SUM itself
-            return name
-    if isinstance(op, MPI.Op):
-        return next((name for mpi_op, name in _MPI_NAMES if op == mpi_op), None)
-    name = op.name if isinstance(op, Op) else op.lower() if isinstance(op, str) else None
-    return name if name in OPS and name in DEFINED_ON else None
+    def __init__(self, op):
+        self.op = op
 
+    def __call__(self, acc, tmp, src=None) -> None:
+        self.op(acc, tmp, src)
 
-class OpError(MPI.Exception):
-    """An op on a datatype MPI does not define it on: ``MPI.Exception`` with the error
-    class MPICH and Open MPI give there (``MPI.ERR_OP``), saying why."""
+    def finish(self, block, n: int) -> None:
+        self.op.finish(block, n)
 
-    def __init__(self, name: str, datatype: str, group: str | None):
-        super().__init__(MPI.ERR_OP)
-        groups = DEFINED_ON[name]
-        on = ", ".join(groups[:-1]) + (" and " if len(groups) > 1 else "") + (groups[-1:] or
-                                                                              ("nothing",))[0]
-        kind = f"a {group} datatype" if group else "in none of the standard's groups"
-        self.message = (f"MPI.{name.upper()} is not defined on {datatype} ({kind}): MPI-4.1, "
-                        f"section 6.9.2, defines it on {on} datatypes (MPI.ERR_OP)")
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def resolve_op(op) -> Op:
-    """Return the `Op` for an Op, a name such as ``"sum"``, or an ``MPI.Op`` such as ``MPI.SUM``."""
-    for mpi_op, ours in _FROM_MPI:
-        if op is mpi_op:  # the common case first: MPI.SUM itself, found without MPI calls
-            return ours
-    if isinstance(op, Op):
-        return op
-    if isinstance(op, str):
-        try:
-            return OPS.get(op.lower()) or EXACT[op.lower()]
-        except KeyError:
-            raise ValueError(f"unknown op {op!r}; expected one of {sorted({**OPS, **EXACT})}"
-                             ) from None
-    if isinstance(op, MPI.Op):
-        for mpi_op, ours in _FROM_MPI:
-            if op == mpi_op:
-                return ours
-        raise NotImplementedError(
-            f"MPI op {op!r} is not supported by mpidp (MAXLOC, MINLOC, REPLACE, NO_OP and "
-            f"user-defined ops are not); supported: {sorted(OPS)}"
-        )
-    raise TypeError(f"op must be an mpidp Op, a name or an MPI.Op, not {type(op).__name__}")
+    def __getattr__(self, name):
+        return getattr(self.op, name)

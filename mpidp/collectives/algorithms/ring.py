@@ -12,31 +12,11 @@ receives only from its left one. The buffer is cut into N blocks (`Blocks`).
 Reduce-scatter: in step s, rank r sends block (r - s - 1) and receives block
 (r - s - 2), which it adds to its own copy. A block starts at rank b + 1, picks
 up one rank's contribution per hop, and after N - 1 hops ends, complete, on
-rank b. The step tables below are computed by running this code (`mpidp.sim`;
-tests/test_sim_engine.py checks that they still are): "→1:3" sends block 3 to rank 1,
-"←3:2" receives block 2 from rank 3.
-
-        $ python -m mpidp.sim table ring --collective reduce_scatter --ranks 4
-        step | rank 0    | rank 1    | rank 2    | rank 3
-        -----+-----------+-----------+-----------+----------
-           0 | →1:3 ←3:2 | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
-           1 | →1:2 ←3:1 | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
-           2 | →1:1 ←3:0 | →2:2 ←0:1 | →3:3 ←1:2 | →0:0 ←2:3
-
-        rank r now holds block r reduced over all ranks
-
-All-gather: in step s, rank r sends block (r - s) and receives block
-(r - s - 1), storing it as is. Each complete block travels once around the ring.
-
-        $ python -m mpidp.sim table ring --collective allgather --ranks 4
-        step | rank 0    | rank 1    | rank 2    | rank 3
-        -----+-----------+-----------+-----------+----------
-           0 | →1:0 ←3:3 | →2:1 ←0:0 | →3:2 ←1:1 | →0:3 ←2:2
-           1 | →1:3 ←3:2 | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
-           2 | →1:2 ←3:1 | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
-
-All-reduce = reduce-scatter, then all-gather, on the same buffer: the two tables
-one after the other.
+rank b. All-gather: in step s, rank r sends block (r - s) and receives block
+(r - s - 1), storing it as is; each complete block travels once around the ring.
+All-reduce = reduce-scatter, then all-gather, on the same buffer. The step
+table is computed by running this code (`mpidp.sim`): "→1:3" sends block 3 to
+rank 1, "←3:2" receives block 2 from rank 3.
 
         $ python -m mpidp.sim table ring --ranks 4
         step | rank 0    | rank 1    | rank 2    | rank 3
@@ -48,6 +28,16 @@ one after the other.
            4 | →1:3 ←3:2 | →2:0 ←0:3 | →3:1 ←1:0 | →0:2 ←2:1
            5 | →1:2 ←3:1 | →2:3 ←0:2 | →3:0 ←1:3 | →0:1 ←2:0
 
+        after step 2 rank r holds block r reduced over all ranks
+
+The reduce-scatter alone is steps 0-2, the all-gather alone steps 3-5:
+
+        $ python -m mpidp.sim table ring --collective reduce_scatter --ranks 4
+        (the table of `python -m mpidp.sim table ring --ranks 4` steps 0-2)
+
+        $ python -m mpidp.sim table ring --collective allgather --ranks 4
+        (the table of `python -m mpidp.sim table ring --ranks 4` steps 3-5)
+
 Out of place, step 0 sends my own block straight from sendbuf and each sum is
 written as recvbuf = sendbuf + incoming, so the input is never copied: every
 item of recvbuf is written once, by a sum or (all-gather) by a receive.
@@ -55,9 +45,9 @@ item of recvbuf is written once, by a sum or (all-gather) by a receive.
 Cost (G bytes, N ranks; α per message, β per byte, γ per reduced byte): each
 half sends and receives G(N-1)/N bytes per rank in N - 1 steps, so
 
-    reduce-scatter:  (N-1)α +  G(N-1)/N·β + G(N-1)/N·γ
-    all-gather:      (N-1)α +  G(N-1)/N·β
-    all-reduce:     2(N-1)α + 2G(N-1)/N·β + G(N-1)/N·γ
+    ring reduce-scatter:  (N-1)α + G(N-1)/N·β + G(N-1)/N·γ
+    ring all-gather:      (N-1)α + G(N-1)/N·β
+    ring all-reduce:     2(N-1)α + 2G(N-1)/N·β + G(N-1)/N·γ
 
 the bandwidth-optimal all-reduce: D = 2·G·(N-1)/N bytes per rank, not 2·G·(N-1).
 Reference: Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
@@ -67,8 +57,9 @@ clusters of workstations", JPDC 2009; baidu-research/baidu-allreduce.
 from __future__ import annotations
 
 from .blocks import Blocks
+from .hosts import Links, spans_hosts
 from .ops import Op
-from .rounds import Recv, Rounds, Send
+from .rounds import Cost, Recv, Rounds, Send
 
 
 def ring_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src=None,
@@ -112,3 +103,26 @@ def ring_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
     """All-reduce into `buf`: ring reduce-scatter, then ring all-gather (`src`: as above)."""
     yield from ring_reduce_scatter(comm, buf, blocks, op, tmp, src)
     yield from ring_allgather(comm, buf, blocks)
+
+
+# ------------------------------------------------------------ the cost (the docstring's lines)
+
+
+def ring_reduce_scatter_cost(N: int, G: float, hosts=None) -> Cost:
+    part = G * (N - 1) / N
+    return Cost(N - 1, part, part)
+
+
+def ring_allgather_cost(N: int, G: float, hosts=None) -> Cost:
+    return Cost(N - 1, G * (N - 1) / N, 0.0)
+
+
+def ring_allreduce_cost(N: int, G: float, hosts=None) -> Cost:
+    part = G * (N - 1) / N
+    link = 0.0
+    if spans_hosts(hosts):  # every rank sends 2G(N-1)/N to its right neighbour
+        links = Links(hosts)
+        for a in range(N):
+            links.send(a, (a + 1) % N, 2 * part)
+        link = links.busiest
+    return Cost(2 * (N - 1), 2 * part, part, link)

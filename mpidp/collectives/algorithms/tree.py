@@ -13,9 +13,8 @@ doubles each step. For N = 8, root 0:
 A rank posts all its forwarding sends as one round, so in the step tables below
 the root's sends share a step; through one network port they still leave one
 after the other, which is why the cost counts ⌈log2 N⌉ message times. The
-tables are computed by running this code (`mpidp.sim`; tests/test_sim_engine.py checks
-that they still are): "→2,1:0-3" sends blocks 0-3, the whole vector, to rank 2,
-then to rank 1. For N = 4, root 0:
+tables are computed by running this code (`mpidp.sim`): "→2,1:0-3" sends
+blocks 0-3, the whole vector, to rank 2, then to rank 1. For N = 4, root 0:
 
         $ python -m mpidp.sim table binomial --collective bcast --ranks 4
         step | rank 0   | rank 1 | rank 2 | rank 3
@@ -53,9 +52,9 @@ rank starting as soon as it has its block:
 Cost (G bytes, N ranks, L = ⌈log2 N⌉; α per message, β per byte, γ per
 reduced byte):
 
-    binomial broadcast:    L·α +  L·G·β
-    naive all-reduce:     2L·α + 2L·G·β + L·G·γ
-    scatter + all-gather: (L + N - 1)·α + 2G(N-1)/N·β
+    binomial broadcast:           L·α + L·G·β
+    naive all-reduce:            2L·α + 2L·G·β + L·G·γ
+    scatter_allgather broadcast:  (L + N - 1)·α + 2G(N-1)/N·β
 
 The binomial tree is latency-optimal, so the choice for small messages; for large
 ones the root's link carries the message L times, which scatter + all-gather avoids.
@@ -68,9 +67,10 @@ communication library (InterCom)", SHPCC 1994.
 from __future__ import annotations
 
 from .blocks import Blocks
+from .hosts import Links, spans_hosts
 from .ops import Op
 from .ring import ring_allgather
-from .rounds import Recv, Rounds, Send
+from .rounds import Cost, Recv, Rounds, Send
 
 
 def binomial_bcast(comm, buf, root: int) -> Rounds:
@@ -150,3 +150,29 @@ def scatter_allgather_bcast(comm, buf, root: int) -> Rounds:
     order = [(q - root) % N for q in range(N)]
     blocks = Blocks([rel.counts[b] for b in order], [rel.displs[b] for b in order])
     yield from ring_allgather(comm, buf, blocks)
+
+
+# ------------------------------------------------------------ the cost (the docstring's lines)
+
+
+def binomial_cost(N: int, G: float, hosts=None) -> Cost:
+    L = (N - 1).bit_length()  # ⌈log2 N⌉
+    return Cost(L, L * G, 0.0)
+
+
+def naive_cost(N: int, G: float, hosts=None) -> Cost:
+    L = (N - 1).bit_length()
+    link = 0.0
+    if spans_hosts(hosts):  # a binomial tree from rank 0: G up each edge, G down
+        links = Links(hosts)
+        for v in range(1, N):
+            parent = v - (v & -v)
+            links.send(v, parent, G)
+            links.send(parent, v, G)
+        link = links.busiest
+    return Cost(2 * L, 2 * L * G, L * G, link)
+
+
+def scatter_allgather_cost(N: int, G: float, hosts=None) -> Cost:
+    L = (N - 1).bit_length()
+    return Cost(L + N - 1, 2 * G * (N - 1) / N, 0.0)

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ..algorithms import ops
+from .. import mpiops as ops
 from . import interop
 
 _KINDS = "biufcS"  # booleans, integers, floats, complex, bytes: what the ops and copies handle

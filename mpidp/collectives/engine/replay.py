@@ -29,10 +29,10 @@ Why it is safe, and only where `replayable` says so:
   recorded once is the same memory at every start, and no device copy is skipped;
 - the communicator is a real ``MPI.Comm``: a comm-like (`CountingComm`, the
   simulator's) keeps the generator, so that it still sees every message;
-- the algorithm writes the buffers only by receives and through `op` (`REPLAYABLE`).
-  A direct write would not be recorded: `naive_allreduce` out of place
-  (``buf[...] = src``), `direct_allreduce` (its own vector into the scratch) and
-  `plans.copy_rounds` (a copy before the rounds) keep the generator.
+- the algorithm writes the buffers only by receives and through `op` (the registry's
+  ``replayable``). A direct write would not be recorded: `naive_allreduce` out of
+  place (``buf[...] = src``), `direct_allreduce` (its own vector into the scratch) and
+  `rounds.copy_rounds` (a copy before the rounds) keep the generator.
 
 Cost per start: the α of the rounds and the reductions, without the generator,
 the round lists and the per-message ``Isend``/``Irecv`` calls.
@@ -46,30 +46,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms.halving import (
-    rabenseifner_allreduce,
-    rabenseifner_article_allreduce,
-    recursive_doubling_allgather,
-    recursive_doubling_allreduce,
-    recursive_halving_reduce_scatter,
-)
-from ..algorithms.hierarchical import hierarchical_allreduce
-from ..algorithms.ops import Op
-from ..algorithms.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from ..algorithms import of
+from ..algorithms.ops import Op, Wrapper
 from ..algorithms.rounds import Recv, Rounds, Send, no_rounds
-from ..algorithms.tree import binomial_bcast, naive_allreduce, scatter_allgather_bcast
 from .completion import Polled
 from .staging import msg
-
-# the algorithms that write the buffers only by receives and through `op` (checked by
-# reading each; naive_allreduce too, but only in place: out of place it copies first)
-REPLAYABLE = {
-    ring_allreduce, rabenseifner_allreduce, rabenseifner_article_allreduce,
-    recursive_doubling_allreduce, hierarchical_allreduce, naive_allreduce,
-    ring_reduce_scatter, recursive_halving_reduce_scatter,
-    ring_allgather, recursive_doubling_allgather,
-    binomial_bcast, scatter_allgather_bcast, no_rounds,
-}
 
 
 def replayable(plan) -> bool:
@@ -77,15 +58,18 @@ def replayable(plan) -> bool:
     stager) may be recorded once and replayed (see the module docstring)."""
     if plan.stager is not None or not isinstance(plan.call.comm, MPI.Comm):
         return False
-    if plan.algo is naive_allreduce:
-        return plan.args[5] is None  # (comm, buf, blocks, op, tmp, src): in place only
-    return plan.algo in REPLAYABLE
+    if plan.algo is no_rounds:
+        return True
+    found = of(plan.algo)
+    if found is None or not found.replayable:  # not a registered algorithm, or it copies
+        return False
+    return found.replayable is True or plan.args[5] is None  # "in place": (..., tmp, src)
 
 
-class Recorder:
+class Recorder(Wrapper):
     """The plan's `Op` while recording: does each reduction and logs it as ``f(a, b, out=c)``."""
 
-    __slots__ = ("op", "log")
+    __slots__ = ("log",)
 
     def __init__(self, op: Op, log: list):
         self.op, self.log = op, log
