@@ -110,16 +110,28 @@ def site(entry: list) -> tuple[str, int | None]:
     return code.co_filename, code.co_firstlineno
 
 
+# The blocking driver, as `collectives/engine/driver.py` names it when it is imported
+# (the recorder stands beneath the collectives and imports none of them): the code of
+# its `run`, whose frame holds the request a deadline interrupted, and its `Request`.
+_driver: tuple = (None, None)
+
+
+def know_driver(run_code, request_class) -> None:
+    """Called once by the driver: what `fail` and a dump look for in a stack."""
+    global _driver
+    _driver = (run_code, request_class)
+
+
 def fail(entry: list, e: BaseException) -> None:
     """The call of `entry` raised `e`. A deadline's TimeoutError leaves it in flight: its
     request (from the blocking driver's frame) is kept for the dump to read its round."""
     entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
     if isinstance(e, TimeoutError):
         entry[STATE] = TIMED_OUT
-        from .collectives.engine import driver as schedule
+        run_code = _driver[0]
         tb = e.__traceback__
         while tb is not None and entry[REQUEST] is None:
-            if tb.tb_frame.f_code is schedule.run.__code__:
+            if tb.tb_frame.f_code is run_code:
                 entry[REQUEST] = tb.tb_frame.f_locals.get("request")
             tb = tb.tb_next
 
@@ -243,7 +255,7 @@ def job_id() -> str | None:
 # ------------------------------------------------------------ what a collective is doing now
 
 def _round_of(request) -> dict:
-    """The round a live `schedule.Request` is in, and which of its messages are pending."""
+    """The round a live `driver.Request` is in, and which of its messages are pending."""
     out = {"round": request.rounds, "done": request.done}
     if request.done:
         return out
@@ -262,7 +274,7 @@ def _round_of(request) -> dict:
 
 
 def _peers_of(round_, flags) -> list[dict]:
-    """Messages of `round_` not known complete (posted receives first, as `schedule.post`)."""
+    """Messages of `round_` not known complete (posted receives first, as `driver.post`)."""
     if not round_:
         return []
     msgs = [m for m in round_ if not m.outgoing] + [m for m in round_ if m.outgoing]
@@ -275,15 +287,13 @@ def _live(entry: list, frames) -> dict:
     request = entry[REQUEST]
     if request is not None and hasattr(request, "_lock"):
         return _round_of(request)
-    from .collectives.engine import (
-        driver as schedule,  # the blocking driver's frame holds what it runs
-    )
+    run_code, request_class = _driver  # the blocking driver's frame holds what it runs
     for frame in frames:
         f = frame
         while f is not None:
-            if f.f_code is schedule.run.__code__ and f.f_locals.get("tag") == entry[TAG]:
+            if f.f_code is run_code and f.f_locals.get("tag") == entry[TAG]:
                 loc = f.f_locals
-                if isinstance(loc.get("request"), schedule.Request):
+                if isinstance(loc.get("request"), request_class):
                     return _round_of(loc["request"])
                 return {"round": loc.get("count", 0) + 1, "done": False,
                         "pending": _peers_of(loc.get("round_"), None)}

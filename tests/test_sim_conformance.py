@@ -97,8 +97,8 @@ def test_a_ring_that_skips_a_step_is_caught_at_its_smallest_case():
     text = report.text
     assert "smallest failing case: N = 2, count = 1, int64, op sum" in text
     assert re.search(r"rank \d: result differs at items \[0\] of 1: got \[-?\d+\], want", text)
-    assert "reproduce: mpidp.sim.simulate('allreduce', test_sim_conformance.ring_skipping_a_step, 2, 1"\
-        in text
+    assert ("reproduce: mpidp.sim.simulate('allreduce', "
+            "test_sim_conformance.ring_skipping_a_step, 2, 1") in text
 
 
 def test_a_halving_with_the_wrong_partner_is_caught():

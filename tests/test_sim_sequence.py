@@ -31,9 +31,9 @@ def counts_for(collective: str, N: int, count: int):
 
 
 def gen(collective, algorithm, rank, N, count, root=0, placement=None):
-    comm = SimComm(rank, N, placement)
+    comm = SimComm(rank, N)
     return rounds_of(collective, algorithm, comm, counts_for(collective, N, count),
-                     "float64", "sum", root % N)
+                     "float64", "sum", root % N, placement)
 
 
 def placement_for(algorithm, N):

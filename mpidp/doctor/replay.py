@@ -26,7 +26,7 @@ and said so.
 
 from __future__ import annotations
 
-from mpidp.sim.collective import TABLES, rounds_of
+from mpidp.sim.collective import COLLECTIVES, names, rounds_of
 from mpidp.sim.engine import SimComm
 from mpidp.sim.reports import ScheduleError
 from mpidp.sim.sequence import Collective, run_sequences
@@ -45,7 +45,7 @@ def _replayable(call: dict) -> str | None:
     name, algo = call.get("collective"), call.get("algorithm")
     if name is None or call.get("tag") is None:
         return None if call.get("state") == "failed" else "no signature recorded"
-    if name not in TABLES or algo not in TABLES[name]:
+    if name not in COLLECTIVES or algo not in names(name):
         return f"algorithm {algo!r} of {name} is not one the simulator runs alone"
     return None
 
@@ -85,10 +85,10 @@ def programs(records: dict[int, dict]) -> tuple[list, list[str], list[str]]:
                     continue
                 if k.get("collective") is None:  # it raised before it had a signature
                     continue
-                comm = SimComm(c["rank"], c["size"], sub if len(set(sub)) > 1 else None)
+                comm = SimComm(c["rank"], c["size"])
                 gen = rounds_of(k["collective"], k["algorithm"], comm, k["count"],
                                 k.get("dtype", "float64"), k.get("op") or "sum",
-                                k.get("root") or 0)
+                                k.get("root") or 0, sub if len(set(sub)) > 1 else None)
                 calls.append((k["t"], k.get("seq") or 0, Collective(
                     gen, k["tag"], c["id"], members, k.get("blocking", True), (c["id"], k))))
         calls.sort(key=lambda x: x[:2])

@@ -224,7 +224,7 @@ def reference(collective: str, blocks: Blocks, inputs, op, root: int = 0) -> lis
 
 
 def rounds_of(collective: str, algorithm: str, comm, count, dtype="float64", op="sum",
-              root: int = 0):
+              root: int = 0, placement=None):
     """One rank's generator of `collective` by `algorithm` on `comm` (a `SimComm`), on
     buffers of the sizes the entry point gives it and no data (`TallyOp`): for a run that
     matches messages and moves none (`sequence.run_sequences`, the doctor's replay).
@@ -232,8 +232,10 @@ def rounds_of(collective: str, algorithm: str, comm, count, dtype="float64", op=
     Args:
         count: as a flight record gives it (`plan.signed`): all-reduce and broadcast,
             the items; reduce-scatter and all-gather, the items of each rank's block.
+        placement: the host of each rank, handed to an algorithm that reads one (None:
+            one host).
     """
-    fn, scratch_items, _ = resolve(collective, algorithm)
+    fn, scratch_items, _ = resolve(collective, algorithm, placement=placement)
     dt, N = np.dtype(dtype), comm.Get_size()
     if collective == "bcast":
         return fn(comm, np.zeros(count, dt), root)

@@ -31,7 +31,8 @@ from contextlib import nullcontext
 
 from mpi4py import MPI
 
-from .. import ALGORITHMS, cli, config, watchdog
+from .. import cli, config, watchdog
+from ..collectives import ALGORITHMS
 from . import checkpoint, outputs
 from .checkpoint import CheckpointError
 from .ddp import DataParallel

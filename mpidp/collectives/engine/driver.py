@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from ... import flight
 from ..algorithms.rounds import Recv, Round, Rounds, Send
 from . import completion
 from .completion import Polled, default_timeout, waitall
@@ -238,3 +239,6 @@ class Request(Polled):
 # `mpidp.Handle`: another name of the same class, as docs/dropin.md says (the design's
 # word for a driven generator; `Request` is mpi4py's)
 Handle = Request
+
+
+flight.know_driver(run.__code__, Request)  # where a dump finds a blocking call's round
