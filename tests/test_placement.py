@@ -82,7 +82,7 @@ def test_bytes_across_two_hosts_of_two_ranks():
 @pytest.mark.parametrize("H,L", [(2, 1), (2, 3), (2, 4), (3, 2), (4, 2), (4, 4), (3, 3)])
 def test_bytes_across_hosts_general_formula(H, L):
     """H hosts of L ranks: hierarchical 2G(H-1)/H per link and direction, the ring
-    2G(N-1)/N (one ring edge leaves each host), the others as `placement.link_bytes` says."""
+    2G(N-1)/N (one ring edge leaves each host), the others as `cost.link_bytes` says."""
     hosts, N = placement.layout(H * L, ppn=L), H * L
     count = 2 * N * H * 16
     assert link("hierarchical", hosts, count) == pytest.approx(2 * (H - 1) / H)

@@ -54,6 +54,7 @@ from mpi4py import MPI
 
 from .. import collectives as mp
 from ..collectives import placement
+from ..collectives.algorithms.hosts import spans_hosts
 from .buckets import Bucket, make_buckets, units
 from .determinism import check_reproducible
 from .pieces import PieceSet, plan_pieces
@@ -180,7 +181,7 @@ class DataParallel:
         across = False  # pieces can pay only where a link carries the bytes
         if piece_mb == "auto":  # (a query, collective: only when asked)
             across = self.comm.Get_size() > 1 and isinstance(self.comm, MPI.Intracomm) and \
-                placement.spans_hosts(placement.placement(self.comm))
+                spans_hosts(placement.placement(self.comm))
             if not (across and overlap):
                 piece_mb = None
         self.across = across

@@ -23,6 +23,7 @@ import time
 
 from .. import collectives as mp
 from ..collectives import cost, placement
+from ..collectives.algorithms.hosts import spans_hosts
 
 MiB = 1 << 20
 LOW, HIGH = 64 << 10, 4 << 20  # bytes: below, pieces cost more calls than they hide
@@ -36,7 +37,7 @@ def piece_bytes(comm, algorithm) -> int:
         return HIGH
     m = cost.model(comm)
     hosts = placement.placement(comm)
-    hosts = hosts if placement.spans_hosts(hosts) else None
+    hosts = hosts if spans_hosts(hosts) else None
     names = tuple(n for n in mp.ALGORITHMS["allreduce"] if n != "auto")
     name = algorithm if algorithm in names else cost.best(m, "allreduce", names, MiB, p, hosts)
     overhead = cost.predict(m, "allreduce", name, 0, p, hosts)
