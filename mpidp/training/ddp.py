@@ -189,13 +189,9 @@ class DataParallel:
         self.blocks, self._pieces = None, {}  # layer -> W's row stops; bucket -> its pieces
         if (piece_mb is not None and not zero and not deterministic
                 and "blocks" in inspect.signature(model.backward).parameters):
+            # pieces=False: the blocks' progress calls alone, buckets reduced whole
             self.blocks, self._pieces = plan_pieces(model, self.comm, self.buckets, piece_mb,
-                                                    algorithm)
-            if not pieces:  # the blocks' progress calls alone, buckets reduced whole
-                for plans in self._pieces.values():
-                    for piece in plans:
-                        piece.plan.Free()
-                self._pieces = {}
+                                                    algorithm, reduce=pieces)
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}

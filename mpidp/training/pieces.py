@@ -57,11 +57,13 @@ class Piece:
         self.layer, self.rows, self.plan, self.launched = layer, rows, plan, None
 
 
-def plan_pieces(model, comm, buckets, piece_mb, algorithm) -> tuple[dict | None, dict]:
+def plan_pieces(model, comm, buckets, piece_mb, algorithm,
+                reduce: bool = True) -> tuple[dict | None, dict]:
     """Layer -> W's row stops (`MLP.backward`'s ``blocks``), bucket index -> its pieces.
 
     (None, {}) where a bucket's layers are not an MLP's (W (in, out), then b (out,), in
-    the buffer): whole buckets there.
+    the buffer): whole buckets there. ``reduce=False``: the row stops alone (backward
+    cut in blocks, buckets reduced whole), no piece planned.
     """
     size = piece_bytes(comm, algorithm) if piece_mb == "auto" else int(float(piece_mb) * MiB)
     shapes = {name: g.shape for name, g in model.grads.items()}
@@ -81,6 +83,8 @@ def plan_pieces(model, comm, buckets, piece_mb, algorithm) -> tuple[dict | None,
             offset += n_in * n_out + n_out
             ends.append((i, n_in, offset))  # the last block: b_i is written before it
         layouts[b.index] = ends
+    if not reduce:
+        return blocks, {}
     pieces = {}
     for b in buckets:
         start, pieces[b.index] = 0, []
