@@ -37,7 +37,7 @@ endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table sim-page \
-        overlap-hosts-doc clean
+        overlap-hosts overlap-hosts-doc clean
 
 setup: $(STAMP)
 
@@ -142,13 +142,39 @@ bench: $(STAMP)
 	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
 	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
+# `make overlap-hosts` (root, on a quiet machine: start it below a load of 1.5): issue 25's
+# runs into docs/bench/overlap-hosts, three of each setting across 2 emulated hosts, three on
+# one host, one of 2 hosts x 2 ranks, each .txt starting with `uptime`; then the pages.
+OH_DATA  := docs/bench/overlap-hosts
+OH_MODES := compute,compute+blocks,serial,overlap,overlap+thread,overlap+wait,overlap+pieces,pieces+wait,default
+overlap-hosts: $(STAMP)
+	mkdir -p $(OH_DATA)
+	for r in 1 2 3; do \
+	  for s in 1gbit:2048 1gbit:512 600mbit:1024; do rate=$${s%:*}; b=$${s#*:}; \
+	    f=$(OH_DATA)/h2-$$rate-b$$b-r$$r; uptime > $$f.txt; \
+	    $(PY) -m mpidp.cluster run --hosts 2 --rate $$rate -- $(PY) -m mpidp.bench overlap \
+	      --bucket-mb 0 --batch $$b --steps 30 --modes $(OH_MODES) --piece-mb 0.25 \
+	      --json $$f.json >> $$f.txt || exit 1; \
+	  done; \
+	  f=$(OH_DATA)/n2-onehost-b64-r$$r; uptime > $$f.txt; \
+	  $(MPIEXEC) -n 2 $(PY) -m mpidp.bench overlap --bucket-mb 0 --steps 50 \
+	    --modes compute,serial,overlap,overlap+wait,default --json $$f.json >> $$f.txt || exit 1; \
+	done
+	f=$(OH_DATA)/h2x2-600mbit-b1024-r1; uptime > $$f.txt; \
+	$(PY) -m mpidp.cluster run --hosts 2 --ppn 2 --rate 600mbit -- $(PY) -m mpidp.bench overlap \
+	  --bucket-mb 0 --batch 1024 --steps 20 --piece-mb 0.25 \
+	  --modes compute,compute+blocks,serial,overlap,overlap+pieces,default --json $$f.json >> $$f.txt
+	$(MAKE) overlap-hosts-doc
+
+# docs/overlap.md's across-hosts, targets' and one-host tables and timeline picture, and the
+# targets' table in docs/cluster.md, from the runs in docs/bench/overlap-hosts
+overlap-hosts-doc: $(STAMP)
+	$(PY) -m mpidp.bench.overlap_hosts --data $(OH_DATA) --doc docs/overlap.md \
+	  --cluster-doc docs/cluster.md \
+	  --plot $(OH_DATA)/h2-1gbit-b512-r2.json docs/img/overlap-hosts-1gbit-b512.png
+
 # `make zero-table`: memory per rank under ZeRO stages 0-3 for N = 1..8 (docs/bench/zero-n*.json),
 # then the tables in docs/zero.md from them.
-# docs/overlap.md's across-hosts and one-host tables and timeline picture, from the runs in
-# docs/bench/overlap-hosts (the commands that make them are on that page; they need root)
-overlap-hosts-doc: $(STAMP)
-	$(PY) -m mpidp.bench.overlap_hosts --data docs/bench/overlap-hosts --doc docs/overlap.md \
-	  --plot docs/bench/overlap-hosts/h2-1gbit-b512-r2.json docs/img/overlap-hosts-1gbit-b512.png
 
 zero-table: ZERO_RANKS ?= 1 2 3 4 5 6 7 8
 zero-table: $(STAMP)

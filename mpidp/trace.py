@@ -3,7 +3,8 @@
 A `Tracer` collects complete events ("ph": "X") on one rank: forward and
 backward per layer on the compute row, each bucket's all-reduce from launch to
 completion on its own row (buckets in flight overlap, so they cannot share
-one). `write` gathers every rank's events to rank 0 and writes one JSON file,
+one), and instants ("ph": "i") on that row where each of its pieces completed.
+`write` gathers every rank's events to rank 0 and writes one JSON file,
 one process row per rank, that https://ui.perfetto.dev and chrome://tracing open.
 
     python -m mpidp.trace plot run.json -o timeline.png [--step K | --all] [--start MS --end MS]
@@ -47,6 +48,11 @@ class Tracer:
                             "ts": (start - self.t0) * 1e6, "dur": (end - start) * 1e6,
                             "args": args})
 
+    def mark(self, name: str, at: float, cat: str, tid: int = COMPUTE) -> None:
+        """Record an instant at `at` (perf_counter seconds), on row `tid`."""
+        self.events.append({"name": name, "cat": cat, "ph": "i", "s": "t", "pid": self.rank,
+                            "tid": tid, "ts": (at - self.t0) * 1e6})
+
     @contextmanager
     def span(self, name: str, cat: str, tid: int = COMPUTE, **args):
         start = time.perf_counter()
@@ -63,7 +69,8 @@ class Tracer:
 
         Forward and backward get a span per layer (``on_layer``, ``on_grad``: the
         time since the previous layer ended); after each synced backward, the
-        wait for the buckets and each bucket's all-reduce, on a row of its own.
+        wait for the buckets and each bucket's all-reduce, on a row of its own (with
+        ``piece_mb``, a mark where each piece completed).
         """
         for b in ddp.buckets:
             self.name_row(COMM + b.index, f"bucket {b.index} (L{','.join(map(str, b.layers))})")
@@ -97,6 +104,8 @@ class Tracer:
                 self.add(f"{what} bucket {row['bucket']}", t0 + row["launch"],
                          t0 + row["complete"], what, tid=COMM + row["bucket"],
                          bytes=row["bytes"])
+                for k, (_, done) in enumerate(row.get("pieces", ())):  # (they overlap)
+                    self.mark(f"piece {k} done", t0 + done, what, tid=COMM + row["bucket"])
 
         ddp.forward, ddp.on_grad, ddp.backward = traced_forward, traced_on_grad, traced_backward
         ddp.on_layer = lambda i: layer("forward", i)
@@ -211,6 +220,10 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
         width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
         ax.barh(y_of[(e["pid"], e["tid"])], width, left=left, height=0.8,
                 color=COLORS.get(e["cat"], OTHER), edgecolor="black", linewidth=0.3)
+    for e in events:  # instants (a piece done): a tick across their row
+        if e.get("ph") == "i" and lo <= e["ts"] / 1e3 <= hi and (e["pid"], e["tid"]) in y_of:
+            y = y_of[(e["pid"], e["tid"])]
+            ax.plot([e["ts"] / 1e3] * 2, [y - 0.4, y + 0.4], color="black", lw=0.8)
     ax.set_yticks(list(y_of.values()))
     ax.set_yticklabels([f"rank {p} {names.get((p, t), t)}" for p, t in y_of])
     ax.set_xlim(lo, hi)

@@ -379,6 +379,34 @@ def test_efficiency_is_hidden_over_what_could_hide_on_recorded_numbers():
                                  {"step_ms": 42.0}))
 
 
+def test_the_targets_table_judges_the_defaults_runs_against_issue_25s_targets(tmp_path):
+    """Per setting: the median and lowest of the default's efficiency over the runs, the
+    load before each, and the verdict with how far short (from the JSON, not typed)."""
+    from mpidp.bench.overlap_hosts import targets_table
+
+    def run(name: str, load: float, default_step: float) -> str:
+        modes = {"compute": {"step_ms": 100.0, "backward_ms": 60.0, "exposed_comm_ms": 0.0},
+                 "serial": {"step_ms": 120.0, "backward_ms": 60.0, "exposed_comm_ms": 20.0},
+                 "overlap": {"step_ms": 110.0, "backward_ms": 60.0, "exposed_comm_ms": 5.0},
+                 "default": {"step_ms": default_step, "backward_ms": 61.0,
+                             "exposed_comm_ms": 1.0}}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"ranks": 2, "modes": modes}))
+        (tmp_path / f"{name}.txt").write_text(f" 14:00:00 up 1:00, load average: {load}, 1, 1\n")
+        return str(path)
+
+    paths = [run("h2-1gbit-b2048-r1", 0.5, 101.0), run("h2-1gbit-b2048-r2", 0.7, 104.0),
+             run("h2-1gbit-b2048-r3", 0.9, 107.0),  # efficiencies 0.95, 0.80, 0.65
+             run("h2-1gbit-b512-r1", 1.1, 101.0)]
+    lines = targets_table(paths)
+    row = next(line for line in lines if "1gbit, batch 2048" in line)
+    assert "| 3 (0.5, 0.7, 0.9) |" in row and "+0.80 (+0.65)" in row, row
+    assert "missed: median 0.10 short, lowest 0.05 short" in row, row
+    assert "+0.50 |" in row  # plain polling's median
+    assert "met" in next(line for line in lines if "1gbit, batch 512" in line)
+    assert "not run" in next(line for line in lines if "600mbit" in line)
+
+
 @pytest.mark.mpi(ranks=[2], timeout=120)
 def test_every_overlap_mode_runs_and_reports_its_pieces(mpi_ranks, shared_dir):
     from mpidp.bench import overlap
@@ -397,8 +425,13 @@ def test_every_overlap_mode_runs_and_reports_its_pieces(mpi_ranks, shared_dir):
         pieces = [len(b.get("pieces_ms", [])) for b in summary["modes"][mode]["buckets"]]
         assert pieces == [3, 8, 4], (mode, pieces)
     assert all("pieces_ms" not in b for b in summary["modes"]["overlap+blocks"]["buckets"])
-    for mode in overlap.MODES[2:]:
-        assert "efficiency" in summary["modes"][mode]
+    for mode in overlap.MODES:
+        e = summary["modes"][mode]
+        assert ("efficiency" in e) == (mode not in ("compute", "compute+blocks", "serial")), mode
+        assert e["cpu_ms"] > 0, mode
+        # the last rank's wait (the minimum over ranks, step by step) is at most rank 0's
+        assert e["exposed_comm_ms"] <= e["exposed_comm_rank0_ms"], mode
+    assert "buckets" not in summary["modes"]["compute+blocks"]  # cut, but nothing sent
 
 
 @pytest.mark.mpi(ranks=[2], timeout=120)

@@ -6,6 +6,7 @@ One run times the same training step (same model, same local batch) several ways
 the modes taking turns step by step (a load that comes and goes hits all alike):
 
     compute         forward + backward + SGD, no communication at all       (a)
+    compute+blocks  (a), backward cut in the row blocks of the pieces modes
     serial          backward, then one all-reduce per bucket (overlap=False) (b)
     overlap         each bucket launched as backward writes it, polled
                     between layers, no thread                                (c)
@@ -17,8 +18,11 @@ the modes taking turns step by step (a load that comes and goes hits all alike):
     default         DataParallel's defaults (what the trainer runs)
 
 and prints the median step time (the slowest rank's, each step starting at a
-barrier), the hidden fraction ((b) - (c)) / ((b) - (a)), the efficiency
-((b) - (c)) / min(exposed comm of (b), backward of (a)) (`efficiency`), and, for
+barrier), the exposed communication (the wait after backward of the rank that
+finished backward last), the CPU time a step took (the busiest rank's: user and
+system time of all its threads), the hidden fraction
+((b) - (c)) / ((b) - (a)), the efficiency ((b) - (c)) / min(exposed comm of (b),
+backward of (a)) (`efficiency`), and, for
 the overlapped modes, each bucket's launch and completion time relative to the
 start of backward.
 """
@@ -37,8 +41,8 @@ from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
 from ..training.trainer import blas_threads
 
-MODES = ("compute", "serial", "overlap", "overlap+thread", "overlap+wait", "overlap+blocks",
-         "overlap+pieces", "pieces+wait", "default")
+MODES = ("compute", "compute+blocks", "serial", "overlap", "overlap+thread", "overlap+wait",
+         "overlap+blocks", "overlap+pieces", "pieces+wait", "default")
 DEFAULT_MODES = ("compute", "serial", "overlap", "overlap+thread", "default")
 
 
@@ -51,6 +55,7 @@ def settings(mode: str, args) -> dict | None:
         return common
     common.update(progress_thread=False, piece_mb=None)
     return {"compute": None,
+            "compute+blocks": {**common, "piece_mb": piece, "pieces": False},
             "serial": {**common, "overlap": False},
             "overlap": common,
             "overlap+thread": {**common, "progress_thread": "poll"},
@@ -104,17 +109,22 @@ class Mode:
         self.opt = SGD(self.model.params, self.model.grads, lr=1e-3, momentum=0.9)
         kw = settings(mode, args)
         self.ddp = None if kw is None else DataParallel(self.model, comm, **kw)
-        self.out = {"step": [], "backward": [], "exposed": [], "buckets": []}
+        self.blocks = None  # compute+blocks: backward cut as the pieces modes cut it, alone
+        if mode == "compute+blocks":
+            self.blocks = self.ddp.blocks
+            self.ddp.close()
+            self.ddp = None
+        self.out = {"step": [], "cpu": [], "backward": [], "exposed": [], "buckets": []}
 
     def step(self, comm, x, y, record: bool) -> None:
         model, ddp = self.model, self.ddp
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         logits = model.forward(x) if ddp is None else ddp.forward(x)  # (b, C)
         _, dlogits = softmax_cross_entropy(logits, y)
         if ddp is None:
             t_backward = time.perf_counter()  # backward alone, as ddp.timings measures it
-            model.backward(dlogits)
+            model.backward(dlogits, blocks=self.blocks)
             backward, exposed = time.perf_counter() - t_backward, 0.0
         else:
             ddp.backward(dlogits)
@@ -123,6 +133,7 @@ class Mode:
         if record:
             out = self.out
             out["step"].append(time.perf_counter() - t0)
+            out["cpu"].append(time.process_time() - cpu0)
             out["backward"].append(backward)
             out["exposed"].append(exposed)
             if ddp is not None:
@@ -167,11 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                "async_progress": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
                "load_average": list(os.getloadavg()), "modes": {}}
     for mode, r in results.items():
-        slowest = np.array(r["step"])
+        slowest, last, cpu = np.array(r["step"]), np.array(r["exposed"]), np.array(r["cpu"])
         api.allreduce(comm, api.IN_PLACE, slowest, op="max")  # a step lasts as its slowest rank
+        # the wait of the rank that finished backward last: the communication's own time
+        # (an earlier rank's wait also holds its lateness, which no overlap can hide)
+        api.allreduce(comm, api.IN_PLACE, last, op="min")
+        api.allreduce(comm, api.IN_PLACE, cpu, op="max")
         entry = {"step_ms": 1e3 * float(np.median(slowest)),
                  "backward_ms": 1e3 * float(np.median(r["backward"])),
-                 "exposed_comm_ms": 1e3 * float(np.median(r["exposed"]))}
+                 "exposed_comm_ms": 1e3 * float(np.median(last)),
+                 "exposed_comm_rank0_ms": 1e3 * float(np.median(r["exposed"])),
+                 "cpu_ms": 1e3 * float(np.median(cpu))}
         if "design" in r:
             entry["design"] = r["design"]
         if r["buckets"]:
@@ -191,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"compute", "serial"} <= m.keys():
         comm_cost = m["serial"]["step_ms"] - m["compute"]["step_ms"]
         for mode in m:
-            if mode not in ("compute", "serial"):
+            if mode not in ("compute", "compute+blocks", "serial"):
                 m[mode]["hidden_fraction"] = ((m["serial"]["step_ms"] - m[mode]["step_ms"])
                                               / comm_cost if comm_cost > 0 else float("nan"))
                 m[mode]["hidden_ms"] = m["serial"]["step_ms"] - m[mode]["step_ms"]
@@ -222,7 +239,8 @@ def write_csv(s: dict, path: str) -> None:
                         e.get("efficiency", "")])
 
 
-MODE_COLORS = {"compute": "C7", "serial": "C0", "overlap": "C1", "overlap+thread": "C2",
+MODE_COLORS = {"compute": "C7", "compute+blocks": "C9", "serial": "C0", "overlap": "C1",
+               "overlap+thread": "C2",
                "overlap+wait": "C3", "overlap+blocks": "C4", "overlap+pieces": "C5",
                "pieces+wait": "C6", "default": "C8"}
 
@@ -237,14 +255,14 @@ def plot(s: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     modes = list(s["modes"])
-    spare = iter(f"C{i}" for i in (9,))
+    spare = iter(())
     color = {m: MODE_COLORS.get(m) or next(spare, "black") for m in modes}
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 3.8))
     for mode in modes:
         left.bar(mode, s["modes"][mode]["step_ms"], color=color[mode], label=mode)
     left.set_ylabel("median step (ms)")
     left.set_title(f"{s['ranks']} ranks, step time")
-    left.tick_params(axis="x", rotation=20)
+    plt.setp(left.get_xticklabels(), rotation=35, ha="right")  # long names, apart
     bucketed = [m for m in modes if "buckets" in s["modes"][m]]
     for i, mode in enumerate(bucketed):
         e = s["modes"][mode]
@@ -275,12 +293,13 @@ def report(s: dict) -> None:
           f"{s.get('piece_mb')}, async progress {s.get('async_progress', '0')}, load average "
           f"{' '.join(f'{v:.2f}' for v in s.get('load_average', []))}")
     print(f"{'mode':16s} {'step ms':>9s} {'backward ms':>12s} {'exposed comm ms':>16s} "
-          f"{'hidden':>7s} {'efficiency':>10s}")
+          f"{'cpu ms':>8s} {'hidden':>7s} {'efficiency':>10s}")
     for mode, e in s["modes"].items():
         hidden = f"{e['hidden_fraction']:7.2f}" if "hidden_fraction" in e else f"{'':7s}"
         eff = f"{e['efficiency']:10.2f}" if "efficiency" in e else f"{'':10s}"
+        cpu = f"{e['cpu_ms']:8.2f}" if "cpu_ms" in e else f"{'':8s}"
         print(f"{mode:16s} {e['step_ms']:9.2f} {e['backward_ms']:12.2f} "
-              f"{e['exposed_comm_ms']:16.2f} {hidden} {eff}")
+              f"{e['exposed_comm_ms']:16.2f} {cpu} {hidden} {eff}")
     for mode, e in s["modes"].items():
         if "buckets" not in e or mode == "serial":
             continue

@@ -378,7 +378,7 @@ def _efficiency(s: dict, mode: str) -> float | None:
     from .overlap import efficiency
 
     m = s["modes"]
-    if mode in ("compute", "serial") or not {"compute", "serial"} <= m.keys():
+    if mode in ("compute", "compute+blocks", "serial") or not {"compute", "serial"} <= m.keys():
         return None
     return m[mode].get("efficiency", efficiency(m["serial"], m["compute"], m[mode]))
 

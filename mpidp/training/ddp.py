@@ -99,20 +99,20 @@ class DataParallel:
             ``"poll"`` (or True) tests every bucket each ``progress_interval_s`` and
             sleeps between; ``"wait"`` blocks inside MPI (GIL released) on the current
             round of the oldest bucket in flight, posts its next round, and moves on;
-            False: no thread (the
-            reductions advance at the hooks alone; the default: no design measured
-            here hid more than it cost, docs/overlap.md).
+            False, the default: no thread (the reductions advance at the hooks, and
+            between the blocks of cut layers; a thread hid no more than the pieces
+            across hosts and cost more on one host, docs/overlap.md).
         progress_interval_s: the ``"poll"`` thread's sleep between tests, and the
             ``"wait"`` thread's when the compute thread holds the request it would wait on.
         piece_mb: cut each layer's gradient into pieces of about this many MiB, each
-            reduced as soon as backward has written it (``"auto"``: where the comm
-            spans hosts, sized from the cost model, `pieces.piece_bytes`, and whole
-            buckets on one host; None, the default: whole buckets; cutting the
-            products costs backward more than it hides here, docs/overlap.md). Only
-            for stage 0,
-            not deterministic, with a model whose backward takes ``blocks`` (the MLP);
-            elsewhere whole buckets. The cut layers' backward also gives the
-            reductions a progress call between blocks.
+            reduced as soon as backward has written it. ``"auto"``, the default: where
+            the comm spans hosts, pieces sized by `pieces.piece_bytes`, and whole
+            buckets on one host (there the cut products cost more than they hide;
+            across hosts the pieces hide what plain polling cannot, docs/overlap.md);
+            None: whole buckets everywhere. Only for stage 0, not deterministic, with
+            a model whose backward takes ``blocks`` (the MLP); elsewhere whole
+            buckets. The cut layers' backward also gives the reductions a progress
+            call between blocks.
         pieces: with `piece_mb`, False keeps the blocks' progress calls but reduces
             whole buckets (what the benchmark compares).
         debug: check after the broadcast that every rank holds the same parameters.
@@ -141,7 +141,7 @@ class DataParallel:
                  debug: bool = False, tracer=None, progress_interval_s: float = 1e-4,
                  timeout: float | None = None, *, optimizer=None, zero: int = 0,
                  prefetch: bool = False, deterministic: bool = False,
-                 piece_mb: float | str | None = None, pieces: bool = True):
+                 piece_mb: float | str | None = "auto", pieces: bool = True):
         if zero not in STAGES:
             raise ValueError(f"zero must be one of {', '.join(map(str, STAGES))}, not {zero!r}")
         if zero:

@@ -41,6 +41,19 @@ from .optim import OPTIMIZERS, SGD
 from .zero import HALVES
 
 
+def piece_mb(text: str) -> float | str | None:
+    """An argparse type: "auto", "none", or a size in MiB above 0."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: auto, none or a size in MiB above 0")
+    return value
+
+
 def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global_batch: int,
            optimizer: str = "sgd", bucket_mb: float = 25.0,
            metrics_help: str = "JSON lines") -> cli.Parser:
@@ -72,6 +85,10 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
                    help="advance the reductions from a background thread too: bare or "
                         "poll, one that polls every 100 us; wait, one that blocks in MPI on "
                         "them (default: none; docs/overlap.md says why)")
+    p.add_argument("--piece-mb", type=piece_mb, default="auto",
+                   help="reduce each layer's gradient in pieces of this many MiB as backward "
+                        "writes them (auto: across hosts only, sized by the cost model; "
+                        "none: whole buckets; docs/overlap.md)")
     p.add_argument("--bucket-mb", type=nonnegative, default=bucket_mb,
                    help="0: one bucket per layer")
     p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0)
@@ -191,7 +208,8 @@ def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataPar
     """`DataParallel` (with --zero, ZeRO's reducer) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                         args.algorithm, args.progress_thread or False, args.debug, tracer,
-                        zero=args.zero, optimizer=opt, deterministic=args.deterministic)
+                        zero=args.zero, optimizer=opt, deterministic=args.deterministic,
+                        piece_mb=args.piece_mb)
 
 
 def finish(args: argparse.Namespace, ddp: DataParallel, tracer, comm, dog, rank: int) -> None:
