@@ -20,7 +20,8 @@ the modes taking turns step by step (a load that comes and goes hits all alike):
 and prints the median step time (the slowest rank's, each step starting at a
 barrier), the exposed communication (the wait after backward of the rank that
 finished backward last), the CPU time a step took (the busiest rank's: user and
-system time of all its threads), the hidden fraction
+system time of all its threads; and the system time alone, the kernel's work, a
+rank's mean), the hidden fraction
 ((b) - (c)) / ((b) - (a)), the efficiency ((b) - (c)) / min(exposed comm of (b),
 backward of (a)) (`efficiency`), and, for
 the overlapped modes, each bucket's launch and completion time relative to the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 
 import numpy as np
@@ -101,6 +103,13 @@ def parse_args(argv) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _system() -> float:
+    """This process's system time so far, s: the kernel's work for it (TCP's among it).
+    Linux splits the process's run time between user and system by tick samples, so
+    a step's figure is coarse: the benchmark reports the mean over steps and ranks."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 class Mode:
     """One mode's model, optimizer and DataParallel, and its per-step times on this rank."""
 
@@ -114,12 +123,12 @@ class Mode:
             self.blocks = self.ddp.blocks
             self.ddp.close()
             self.ddp = None
-        self.out = {"step": [], "cpu": [], "backward": [], "exposed": [], "buckets": []}
+        self.out = {"step": [], "cpu": [], "sys": [], "backward": [], "exposed": [], "buckets": []}
 
     def step(self, comm, x, y, record: bool) -> None:
         model, ddp = self.model, self.ddp
         comm.Barrier()
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0, cpu0, sys0 = time.perf_counter(), time.process_time(), _system()
         logits = model.forward(x) if ddp is None else ddp.forward(x)  # (b, C)
         _, dlogits = softmax_cross_entropy(logits, y)
         if ddp is None:
@@ -134,6 +143,7 @@ class Mode:
             out = self.out
             out["step"].append(time.perf_counter() - t0)
             out["cpu"].append(time.process_time() - cpu0)
+            out["sys"].append(_system() - sys0)
             out["backward"].append(backward)
             out["exposed"].append(exposed)
             if ddp is not None:
@@ -184,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         # (an earlier rank's wait also holds its lateness, which no overlap can hide)
         api.allreduce(comm, api.IN_PLACE, last, op="min")
         api.allreduce(comm, api.IN_PLACE, cpu, op="max")
+        system = np.array(r["sys"])
+        api.allreduce(comm, api.IN_PLACE, system, op="sum")
         entry = {"step_ms": 1e3 * float(np.median(slowest)),
                  "backward_ms": 1e3 * float(np.median(r["backward"])),
                  "exposed_comm_ms": 1e3 * float(np.median(last)),
                  "exposed_comm_rank0_ms": 1e3 * float(np.median(r["exposed"])),
-                 "cpu_ms": 1e3 * float(np.median(cpu))}
+                 "cpu_ms": 1e3 * float(np.median(cpu)),
+                 "sys_ms": 1e3 * float(np.mean(system)) / size}  # a rank's, on average
         if "design" in r:
             entry["design"] = r["design"]
         if r["buckets"]:
@@ -293,13 +306,14 @@ def report(s: dict) -> None:
           f"{s.get('piece_mb')}, async progress {s.get('async_progress', '0')}, load average "
           f"{' '.join(f'{v:.2f}' for v in s.get('load_average', []))}")
     print(f"{'mode':16s} {'step ms':>9s} {'backward ms':>12s} {'exposed comm ms':>16s} "
-          f"{'cpu ms':>8s} {'hidden':>7s} {'efficiency':>10s}")
+          f"{'cpu ms':>8s} {'sys ms':>7s} {'hidden':>7s} {'efficiency':>10s}")
     for mode, e in s["modes"].items():
         hidden = f"{e['hidden_fraction']:7.2f}" if "hidden_fraction" in e else f"{'':7s}"
         eff = f"{e['efficiency']:10.2f}" if "efficiency" in e else f"{'':10s}"
         cpu = f"{e['cpu_ms']:8.2f}" if "cpu_ms" in e else f"{'':8s}"
+        system = f"{e['sys_ms']:7.2f}" if "sys_ms" in e else f"{'':7s}"
         print(f"{mode:16s} {e['step_ms']:9.2f} {e['backward_ms']:12.2f} "
-              f"{e['exposed_comm_ms']:16.2f} {cpu} {hidden} {eff}")
+              f"{e['exposed_comm_ms']:16.2f} {cpu} {system} {hidden} {eff}")
     for mode, e in s["modes"].items():
         if "buckets" not in e or mode == "serial":
             continue
