@@ -3,7 +3,8 @@
 A `Tracer` collects complete events ("ph": "X") on one rank: forward and
 backward per layer on the compute row, each bucket's all-reduce from launch to
 completion on its own row (buckets in flight overlap, so they cannot share
-one), and instants ("ph": "i") on that row where each of its pieces completed.
+one), and instants ("ph": "i") on that row: each round it posted (seen at
+backward's hooks) and where each of its pieces completed.
 `write` gathers every rank's events to rank 0 and writes one JSON file,
 one process row per rank, that https://ui.perfetto.dev and chrome://tracing open.
 
@@ -70,7 +71,10 @@ class Tracer:
         Forward and backward get a span per layer (``on_layer``, ``on_grad``: the
         time since the previous layer ended); after each synced backward, the
         wait for the buckets and each bucket's all-reduce, on a row of its own (with
-        ``piece_mb``, a mark where each piece completed).
+        ``piece_mb``, a mark where each piece completed). At each hook of backward
+        (``on_grad``, ``on_rows``), a short mark on a bucket's row for each round it
+        posted since the previous hook: where its rounds advanced during backward
+        (seen at the hooks; with a progress thread they may have advanced earlier).
         """
         for b in ddp.buckets:
             self.name_row(COMM + b.index, f"bucket {b.index} (L{','.join(map(str, b.layers))})")
@@ -82,6 +86,19 @@ class Tracer:
             last[0] = now
 
         forward, on_grad, backward = ddp.forward, ddp.on_grad, ddp.backward
+        on_rows = getattr(ddp, "on_rows", None)
+        seen: dict = {}  # bucket -> rounds it had posted at the last hook
+
+        def rounds_posted() -> None:
+            now = time.perf_counter()
+            for b in ddp.buckets:
+                if b.request is None:  # (not `not b.request`: a request is falsy once done)
+                    continue
+                reqs = b.request.started() if hasattr(b.request, "started") else [b.request]
+                posted = sum(r.rounds for r in reqs)
+                for k in range(seen.get(b.index, 0) + 1, posted + 1):
+                    self.mark(f"round {k}", now, "round", tid=COMM + b.index)
+                seen[b.index] = posted
 
         def traced_forward(x):
             last[0] = time.perf_counter()
@@ -90,10 +107,16 @@ class Tracer:
         def traced_on_grad(i: int) -> None:
             layer("backward", i)
             on_grad(i)
+            rounds_posted()
             last[0] = time.perf_counter()  # its own progress calls are not layer time
+
+        def traced_on_rows(i: int, stop) -> None:
+            on_rows(i, stop)
+            rounds_posted()
 
         def traced_backward(dlogits, timeout=None) -> None:
             last[0] = time.perf_counter()
+            seen.clear()
             backward(dlogits, timeout)
             if ddp.timings["exposed_comm"] or any(b.request for b in ddp.buckets):
                 t1 = ddp.t_backward + ddp.timings["backward"]
@@ -108,6 +131,8 @@ class Tracer:
                     self.mark(f"piece {k} done", t0 + done, what, tid=COMM + row["bucket"])
 
         ddp.forward, ddp.on_grad, ddp.backward = traced_forward, traced_on_grad, traced_backward
+        if on_rows is not None:
+            ddp.on_rows = traced_on_rows
         ddp.on_layer = lambda i: layer("forward", i)
 
     def chrome_events(self) -> list[dict]:
@@ -220,10 +245,10 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
         width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
         ax.barh(y_of[(e["pid"], e["tid"])], width, left=left, height=0.8,
                 color=COLORS.get(e["cat"], OTHER), edgecolor="black", linewidth=0.3)
-    for e in events:  # instants (a piece done): a tick across their row
+    for e in events:  # instants: a piece done, a tick across its row; a round, a short one
         if e.get("ph") == "i" and lo <= e["ts"] / 1e3 <= hi and (e["pid"], e["tid"]) in y_of:
-            y = y_of[(e["pid"], e["tid"])]
-            ax.plot([e["ts"] / 1e3] * 2, [y - 0.4, y + 0.4], color="black", lw=0.8)
+            y, h = y_of[(e["pid"], e["tid"])], 0.2 if e.get("cat") == "round" else 0.4
+            ax.plot([e["ts"] / 1e3] * 2, [y - h, y + h], color="black", lw=0.8)
     ax.set_yticks(list(y_of.values()))
     ax.set_yticklabels([f"rank {p} {names.get((p, t), t)}" for p, t in y_of])
     ax.set_xlim(lo, hi)

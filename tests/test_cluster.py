@@ -248,7 +248,7 @@ def rank_timeline(steps: int) -> None:
                          "complete": [b["complete"] for b in ddp.bucket_times()]})
         design = {"across": ddp.across, "progress": ddp.progress,
                   "pieces": sum(map(len, ddp._pieces.values()))}
-    marks = [e for e in tracer.events if e.get("ph") == "i"]
+    marks = [e for e in tracer.events if e.get("ph") == "i" and e["name"].startswith("piece")]
     if rank == 0:
         print("TIMELINE " + json.dumps({"design": design, "steps": rows,
                                         "marks": len(marks)}), flush=True)

@@ -48,6 +48,10 @@ def test_trace_of_a_training_step_has_every_rank_layer_and_bucket(mpi_ranks, sha
         assert {f"allreduce bucket {k}" for k in range(3)} <= names
         for e in spans:
             assert e["dur"] >= 0
+        # each bucket's rounds, marked on its row at the hooks where they were posted
+        rounds = {(e["pid"], e["tid"]) for e in events
+                  if e["ph"] == "i" and e["cat"] == "round" and e["name"].startswith("round ")}
+        assert rounds == {(p, trace.COMM + k) for p in (0, 1) for k in range(3)}, rounds
         png = os.path.join(folder, "timeline.png")
         assert trace.main(["plot", path, "-o", png]) == 0
         assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
