@@ -193,7 +193,7 @@ def check_large_buffers_and_volume(comm):
 
 # One launch each (a launch of 8 ranks costs seconds of start-up on 2 cores).
 
-@pytest.mark.mpi(ranks=[8], timeout=600)
+@pytest.mark.mpi(ranks=[8], timeout=300)
 def test_ring_allreduce_reduce_scatter_allgather_match_mpi(mpi_ranks):
     on_each_size(SIZES, check_ring_matches_mpi)
 
