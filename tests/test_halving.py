@@ -197,6 +197,6 @@ def check_halving(comm):
 
 # One launch for every N (each launch of ranks costs seconds of start-up).
 
-@pytest.mark.mpi(ranks=[8], timeout=600)
+@pytest.mark.mpi(ranks=[8], timeout=300)
 def test_halving_doubling_and_the_fold_match_mpi_volume_and_rounds(mpi_ranks):
     on_each_size(SIZES, check_halving)
