@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from helpers.differential import FORMS, REFUSED, Case, check_against_native, supports
 from helpers.dlpackbuf import Exported, NumpyProducer
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -83,26 +84,17 @@ def kind_cases(collective: str, n: int) -> list[Case]:
     return cases + persistent
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5], timeout=120)
-def test_every_buffer_kind_matches_native(mpi_ranks):
-    """Each collective x each buffer kind, blocking and I-form, against MPI's own; the
-    in-place and refused (or, for Bcast's root, read-only) buffers with every algorithm."""
+def check_every_buffer_kind_matches_native(world):
     for collective, key in COLLECTIVES.items():
-        cases = kind_cases(collective, mpi_ranks)
+        cases = kind_cases(collective, world.Get_size())
         every = {i for i, case in enumerate(cases) if case.in_place or case.form in REFUSED}
-        check_against_native(cases, key, every)
-    gc.collect()  # every DLPack export deleted, once, and only now
-    from helpers.differential import EXPORTS
-
-    assert EXPORTS and all(e.live == 0 for e in EXPORTS), [e.live for e in EXPORTS]
-    assert Exported.double_deletes == 0
+        check_against_native(cases, key, every, world)
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_dlpack_capsule_lives_while_the_collective_runs(mpi_ranks):
+def check_dlpack_capsule_lives_while_the_collective_runs(world):
     """The producer's deleter runs once the collective and the request are gone, not before
     (on one rank the collective is complete as it starts)."""
-    comm = mpidp.Comm(MPI.COMM_WORLD)
+    comm = mpidp.Comm(world)
     n = comm.Get_size()
     x, y = np.arange(6.0), np.zeros(6)
     X, Y = Exported(x, versioned=False), Exported(y, tied=True)
@@ -115,6 +107,22 @@ def test_dlpack_capsule_lives_while_the_collective_runs(mpi_ranks):
     gc.collect()
     assert (X.exported, X.live, Y.exported, Y.live) == (1, 0, 1, 0)
     assert Exported.double_deletes == 0
+
+
+# Every rank count in one launch (a launch of ranks costs seconds of start-up on 2 cores).
+
+@pytest.mark.mpi(ranks=[5], timeout=180)
+def test_every_buffer_kind_matches_native(mpi_ranks):
+    """Each collective x each buffer kind, blocking and I-form, against MPI's own (N = 1..5);
+    the in-place and refused (or, for Bcast's root, read-only) buffers with every algorithm.
+    Then a DLPack capsule lives while the collective runs (N = 2, 3)."""
+    on_each_size(range(1, 6), check_every_buffer_kind_matches_native)
+    gc.collect()  # every DLPack export deleted, once, and only now
+    from helpers.differential import EXPORTS
+
+    assert EXPORTS and all(e.live == 0 for e in EXPORTS), [e.live for e in EXPORTS]
+    assert Exported.double_deletes == 0
+    on_each_size((2, 3), check_dlpack_capsule_lives_while_the_collective_runs)
 
 
 def test_a_read_only_dlpack_buffer_is_refused_for_writing_only():

@@ -4,15 +4,17 @@ import array
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives import checks
 
 
-def _no_traffic(call):
-    """Run `call(comm)` on a counting comm; return the exception, asserting nothing was sent."""
-    comm = mpidp.CountingComm(MPI.COMM_WORLD)
+def _no_traffic(call, base=None):
+    """Run `call(comm)` on a counting comm over `base` (default ``MPI.COMM_WORLD``); return
+    the exception, asserting nothing was sent."""
+    comm = mpidp.CountingComm(MPI.COMM_WORLD if base is None else base)
     with pytest.raises(Exception) as info:
         call(comm)
     assert comm.messages_sent == 0 and comm.bytes_received == 0, "sent before checking"
@@ -98,19 +100,16 @@ def test_bad_input_is_refused_before_communication(case):
     assert text in str(err), f"{case}: message {err!r} lacks {text!r}"
 
 
-@pytest.mark.mpi(ranks=[3], timeout=60)
-def test_bad_input_is_refused_before_communication_on_3_ranks(mpi_ranks):
+def check_bad_input_is_refused_before_communication(world):
     """The same table where the algorithms would send: nothing leaves any rank."""
     for case, (call, exc_type, text) in sorted(BAD.items()):
-        err = _no_traffic(call)
+        err = _no_traffic(call, world)
         assert isinstance(err, exc_type) and text in str(err), f"{case}: {err!r}"
-    MPI.COMM_WORLD.Barrier()
+    world.Barrier()
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4], timeout=60)
-def test_bad_input_on_one_rank_raises_there(mpi_ranks):
+def check_bad_input_on_one_rank_raises_there(world):
     """Only rank 1 passes a bad buffer: it raises at once; nothing reaches any other rank."""
-    world = MPI.COMM_WORLD
     comm = mpidp.CountingComm(world)
     if comm.rank == 1:
         with pytest.raises(ValueError, match="contiguous"):
@@ -123,10 +122,8 @@ def test_bad_input_on_one_rank_raises_there(mpi_ranks):
     world.Barrier()
 
 
-@pytest.mark.mpi(ranks=[2, 3, 5], timeout=60)
-def test_debug_mode_catches_ranks_that_disagree(mpi_ranks):
+def check_debug_mode_catches_ranks_that_disagree(comm):
     """Mismatched counts are detected on every rank, with what each rank passed."""
-    comm = MPI.COMM_WORLD
     count = 10 + (comm.rank == comm.size - 1)  # the last rank disagrees
     x = np.ones(count)
     with pytest.raises(ValueError, match="ranks disagree") as info:
@@ -170,12 +167,10 @@ def _intercomm_calls(n_remote: int) -> dict:
     }
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_intercommunicators_are_refused_before_any_message(mpi_ranks):
+def check_intercommunicators_are_refused_before_any_message(world):
     """MPI's collectives on an intercommunicator reduce or gather the *other* group's data;
     mpidp's algorithms know one group only, so every entry point refuses one, before
     any message (they used to return this group's result: wrong values, exit 0)."""
-    world = MPI.COMM_WORLD
     color = world.rank % 2  # two groups; with 3 ranks of sizes 2 and 1
     local = world.Split(color, world.rank)
     inter = local.Create_intercomm(0, world, 1 - color, tag=12)
@@ -201,12 +196,10 @@ def test_intercommunicators_are_refused_before_any_message(mpi_ranks):
 
 # ---------------------------------------------------------------- integer arguments
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_integer_like_arguments_are_the_same_call_as_ints(mpi_ranks):
+def check_integer_like_arguments_are_the_same_call_as_ints(world):
     """``root=np.int64(1)`` on some ranks and ``root=1`` on the others is the same call,
     as in MPI: it completes (it used to stall, its signature hashing ``repr(root)``, or,
     with MPIDP_DEBUG=1, raise that the ranks disagree). The same for counts and displs."""
-    world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     odd = rank % 2
     as_given = (lambda v: np.int64(v)) if odd else (lambda v: v)
@@ -242,3 +235,19 @@ def test_integer_like_arguments_are_the_same_call_as_ints(mpi_ranks):
             comm.Free()
         finally:
             checks.set_debug(before)
+
+
+# Every multi-rank check in one launch (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[5], timeout=120)
+def test_bad_input_disagreeing_ranks_intercommunicators_and_integer_likes_on_real_ranks(
+        mpi_ranks):
+    """The bad-input table where the algorithms would send (N = 3); bad input on one rank
+    raises there (N = 2, 3, 4); debug mode catches ranks that disagree (N = 2, 3, 5);
+    intercommunicators are refused before any message, and integer-like arguments are the
+    same call as ints (N = 2, 3)."""
+    on_each_size((3,), check_bad_input_is_refused_before_communication)
+    on_each_size((2, 3, 4), check_bad_input_on_one_rank_raises_there)
+    on_each_size((2, 3, 5), check_debug_mode_catches_ranks_that_disagree)
+    on_each_size((2, 3), check_intercommunicators_are_refused_before_any_message)
+    on_each_size((2, 3), check_integer_like_arguments_are_the_same_call_as_ints)

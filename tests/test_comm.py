@@ -7,7 +7,9 @@ user's buffers, send and receive, padding included, must come out identical.
 Data are small integers (in every dtype), so sums and products are exact and
 the order in which an algorithm combines them cannot change a bit. The body is
 tests/helpers/differential.py; here it sweeps dtypes, ops, counts and algorithms on 1-8
-ranks, and test_bufspec.py sweeps the buffer kinds.
+ranks, and test_bufspec.py sweeps the buffer kinds. Every rank count runs in one launch of
+8 ranks, on a communicator of each size split off COMM_WORLD (tests/helpers/subcomms.py):
+the MPI library's collectives on that communicator are the oracle.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import numpy as np
 import pytest
 from helpers.comms import NoCollectives
 from helpers.differential import FORMS, Case, check_against_native, results, run_case
+from helpers.subcomms import on_each_size
+from helpers.sweeps import debug_check_off
 from mpi4py import MPI
 
 import mpidp
 from mpidp.collectives.dropin.comm import Request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-mpi_1_to_8 = pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=120)
+SIZES = range(1, 9)
 
 # every (dtype, op) pair MPI defines, once each
 DTYPE_OPS = [
@@ -68,12 +72,11 @@ def sweep(collective: str, n: int, dtype_ops=DTYPE_OPS) -> tuple[list[Case], set
 
 # ---------------------------------------------------------------- the oracle tests
 
-@mpi_1_to_8
-def test_reductions_match_native(mpi_ranks):
+def check_reductions_match_native(world):
     """Allreduce, Reduce_scatter_block, Reduce_scatter: every algorithm, dtype, op, form."""
-    n = mpi_ranks
+    n = world.Get_size()
     cases, every = sweep("Allreduce", n)
-    check_against_native(cases, "allreduce", every)
+    check_against_native(cases, "allreduce", every, world)
     cases, every = sweep("Reduce_scatter_block", n, DTYPE_OPS[::2])  # ops as Allreduce's
     for i in range(9):  # recvcounts given, gathered (None), and in place
         layout = "gathered" if i % 3 == 0 else "given"
@@ -81,13 +84,12 @@ def test_reductions_match_native(mpi_ranks):
         cases.append(Case("Reduce_scatter", i % 5, dtype, op, form=FORMS[i % len(FORMS)],
                           in_place=i % 3 == 2, mode=MODES[i % 3], layout=layout))
         every.add(len(cases) - 1)
-    check_against_native(cases, "reduce_scatter", every)
+    check_against_native(cases, "reduce_scatter", every, world)
 
 
-@mpi_1_to_8
-def test_allgather_and_bcast_match_native(mpi_ranks):
+def check_allgather_and_bcast_match_native(world):
     """Allgather, Allgatherv (every recvbuf spec form), Bcast from every root."""
-    n = mpi_ranks
+    n = world.Get_size()
     kinds = ("f8", "i4", "u1", "?", "c16", "i8")
     cases = []
     for count in counts_for(n):
@@ -99,7 +101,7 @@ def test_allgather_and_bcast_match_native(mpi_ranks):
     for i, layout in enumerate(layouts * 2):
         cases.append(Case("Allgatherv", (i % 4) + (i // 7) * 5, kinds[i % 6], layout=layout,
                           form=FORMS[i % len(FORMS)], in_place=i >= 7, mode=MODES[i % 3]))
-    check_against_native(cases, "allgather", set(range(len(cases))))
+    check_against_native(cases, "allgather", set(range(len(cases))), world)
     counts = counts_for(n)
     cases = []
     for root in range(n):  # every root, two counts each
@@ -108,13 +110,11 @@ def test_allgather_and_bcast_match_native(mpi_ranks):
             cases.append(Case("Bcast", counts[j % len(counts)], kinds[i % 6],
                               form=FORMS[i % len(FORMS)], root=root, mode=MODES[i % 3]))
     cases.append(Case("Bcast", 100003, root=n - 1))
-    check_against_native(cases, "bcast", set(range(len(cases))))
+    check_against_native(cases, "bcast", set(range(len(cases))), world)
 
 
-@pytest.mark.mpi(ranks=[3, 8], timeout=120)
-def test_many_nonblocking_collectives_in_flight(mpi_ranks):
+def check_many_nonblocking_collectives_in_flight(world):
     """Seven I-collectives at once on one Comm (each its own tag), completed together."""
-    world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     cases = [Case("Allreduce", 1003), Case("Reduce_scatter_block", 7, "i4"),
              Case("Allgather", 5, "u1"), Case("Bcast", 9, root=n - 1),
@@ -137,7 +137,7 @@ def test_many_nonblocking_collectives_in_flight(mpi_ranks):
                 mpidp.waitall(requests)
             elif waiter == "Test":
                 while not Request.Testall(requests):
-                    pass
+                    os.sched_yield()  # ranks share cores: a rank that spins starves its peers
             else:  # native requests in the same list: a message around the ring
                 token, inbox = np.array([rank], "i"), np.full(1, -1, "i")
                 ring = [world.Irecv(inbox, (rank - 1) % n, tag=7),
@@ -153,9 +153,7 @@ def test_many_nonblocking_collectives_in_flight(mpi_ranks):
 # ---------------------------------------------------------------- everything else is MPI's
 
 
-@pytest.mark.mpi(ranks=[1, 4], timeout=120)
-def test_everything_else_is_the_wrapped_communicators(mpi_ranks, no_debug_check):
-    world = MPI.COMM_WORLD
+def check_everything_else_is_the_wrapped_communicators(world):
     n, rank = world.Get_size(), world.Get_rank()
     comm = mpidp.Comm(world, algorithm="ring")
     assert not isinstance(comm, MPI.Comm) and comm == world
@@ -206,6 +204,19 @@ def test_everything_else_is_the_wrapped_communicators(mpi_ranks, no_debug_check)
     assert min(spy.tags, default=mpidp.TAG_BASE) >= mpidp.TAG_BASE
     assert slots == (set(range(11)) - {2} if n > 1 else set())
     spy.comm.Free()
+
+
+# All of them in one launch (a launch of 8 ranks costs seconds of start-up on 2 cores).
+
+@pytest.mark.mpi(ranks=[8], timeout=300)
+def test_collectives_match_native_and_everything_else_is_the_wrapped_communicators(mpi_ranks):
+    """The oracle sweeps for N = 1..8; seven I-collectives in flight at once (N = 3, 8);
+    what is not a collective is the wrapped communicator's (N = 1, 4)."""
+    on_each_size(SIZES, check_reductions_match_native)
+    on_each_size(SIZES, check_allgather_and_bcast_match_native)
+    on_each_size((3, 8), check_many_nonblocking_collectives_in_flight)
+    with debug_check_off():  # the agreement check's own messages would be counted
+        on_each_size((1, 4), check_everything_else_is_the_wrapped_communicators)
 
 
 def test_dropin_example_agrees_with_the_mpi_library(mpiexec):

@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 from mpidp.collectives import ALGORITHMS, CountingComm, api, cost
@@ -67,9 +68,8 @@ def test_fit_recovers_a_known_model_and_keeps_every_term_non_negative():
     assert min(fitted) >= 0 and fitted.beta == 0, fitted
 
 
-@pytest.mark.mpi(ranks=[1, 3, 4], timeout=120)
-def test_calibration_is_cheap_cached_and_the_same_on_every_rank(mpi_ranks):
-    comm = MPI.COMM_WORLD.Dup()  # a new communicator: nothing cached yet
+def check_calibration_is_cheap_cached_and_the_same_on_every_rank(world):
+    comm = world.Dup()  # a new communicator: nothing cached yet
     n = comm.Get_size()
     counter = CountingComm(comm)
     m = cost.model(counter)  # its duration is reported by `bench calibrate`
@@ -97,9 +97,8 @@ def test_calibration_is_cheap_cached_and_the_same_on_every_rank(mpi_ranks):
     comm.Free()
 
 
-@pytest.mark.mpi(ranks=[3, 4], timeout=120)
-def test_auto_follows_a_pinned_model_and_is_correct(mpi_ranks):
-    comm = MPI.COMM_WORLD.Dup()
+def check_auto_follows_a_pinned_model_and_is_correct(world):
+    comm = world.Dup()
     rank = comm.Get_rank()
     cost.set_model(comm, *ROUNDS)  # only rounds cost: the fewest-round algorithm wins
     fewest = "direct" if comm.Get_size() == 3 else "recursive_doubling"  # 2 messages < 3 rounds
@@ -120,29 +119,27 @@ def test_auto_follows_a_pinned_model_and_is_correct(mpi_ranks):
     comm.Free()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_environment_variable_skips_calibration(mpi_ranks):
+def check_environment_variable_skips_calibration(world):
     os.environ["MPIDP_COST"] = "2e-6,3e-10,4e-10"
     try:
-        counter = CountingComm(MPI.COMM_WORLD.Dup())
+        counter = CountingComm(world.Dup())
         assert cost.model(counter) == Model(2e-6, 3e-10, 4e-10)
         assert counter.messages_sent == 0
         counter.comm.Free()
         os.environ["MPIDP_COST"] = "default"
-        comm = MPI.COMM_WORLD.Dup()
+        comm = world.Dup()
         assert cost.model(comm) == DEFAULT
         comm.Free()
     finally:
         del os.environ["MPIDP_COST"]
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_auto_answers_are_remembered_per_comm_and_follow_set_model(mpi_ranks):
+def check_auto_answers_are_remembered_per_comm_and_follow_set_model(world):
     import gc
 
     from mpidp.collectives import state
 
-    comm = MPI.COMM_WORLD.Dup()
+    comm = world.Dup()
     cost.set_model(comm, *ROUNDS)
     assert api.choose(comm, "allreduce", 1 << 26, "auto") == "recursive_doubling"
     st = state.state(comm)
@@ -161,3 +158,16 @@ def test_auto_answers_are_remembered_per_comm_and_follow_set_model(mpi_ranks):
     del comm, again
     gc.collect()
     assert key not in state._by_object  # the entry died with its comm object
+
+
+# All in one launch (each launch of ranks costs seconds of start-up on 2 cores).
+
+@pytest.mark.mpi(ranks=[4], timeout=180)
+def test_calibration_auto_and_the_remembered_answers_on_real_ranks(mpi_ranks):
+    """Calibration is cheap, cached and the same on every rank (N = 1, 3, 4); "auto" follows
+    a pinned model and is correct (N = 3, 4); MPIDP_COST skips calibration (N = 2); "auto"'s
+    answers are remembered per communicator and follow `set_model` (N = 2)."""
+    on_each_size((1, 3, 4), check_calibration_is_cheap_cached_and_the_same_on_every_rank)
+    on_each_size((3, 4), check_auto_follows_a_pinned_model_and_is_correct)
+    on_each_size((2,), check_environment_variable_skips_calibration)
+    on_each_size((2,), check_auto_answers_are_remembered_per_comm_and_follow_set_model)

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 from helpers.subcomms import on_each_size
+from helpers.sweeps import debug_check_off
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -104,38 +105,34 @@ def gradient_accumulation_equals_one_batch_of_a_times_b(comm):
             assert_close(params, expected, f"accum={accum} overlap={overlap}")
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_deterministic_mode_equals_one_rank_bitwise(mpi_ranks):
+def check_deterministic_mode_equals_one_rank_bitwise(comm):
     """The tests above to a tolerance, here bitwise: micro-shards of M = 2 samples on N
     ranks against the same micro-shards on MPI.COMM_SELF (tests/test_determinism.py
     crosses more settings)."""
-    m, local = 2, GLOBAL_BATCH // mpi_ranks
+    m, local = 2, GLOBAL_BATCH // comm.Get_size()
     with threadpool_limits(1, user_api="blas"):
         expected = train(MPI.COMM_SELF, accum=GLOBAL_BATCH // m, deterministic=True)
         settings = zip(mpidp.ALGORITHMS["allreduce"], itertools.cycle([(True, 0), (False, 25)]))
         for algorithm, (overlap, bucket_mb) in settings:
-            params = train(MPI.COMM_WORLD, accum=local // m, deterministic=True,
+            params = train(comm, accum=local // m, deterministic=True,
                            algorithm=algorithm, overlap=overlap, bucket_mb=bucket_mb)
             for name in expected:
                 assert np.array_equal(params[name], expected[name]), (algorithm, name)
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_progress_thread_gives_the_same_result(mpi_ranks):
+def check_progress_thread_gives_the_same_result(comm):
     expected = reference()
     for thread in (True, "wait", "poll"):
-        assert_close(train(MPI.COMM_WORLD, bucket_mb=0, progress_thread=thread), expected,
+        assert_close(train(comm, bucket_mb=0, progress_thread=thread), expected,
                      f"progress thread {thread}")
 
 
 PIECE_MB = 100 / 2**20  # 100 B: W1 (20 x 16 float64) in 20 pieces of one row each
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
-def test_pieces_and_the_blocking_thread_equal_one_rank(mpi_ranks):
+def check_pieces_and_the_blocking_thread_equal_one_rank(comm):
     """The progress designs (pieces, the "wait" thread), with and without each other,
     and with several layers per bucket: the 1-rank result on the global batch."""
-    comm = MPI.COMM_WORLD
     expected = reference()
     with DataParallel(MLP(SIZES, dtype="float64"), comm, bucket_mb=0,
                       piece_mb=PIECE_MB) as ddp:  # the pieces are there to test
@@ -150,18 +147,16 @@ def test_pieces_and_the_blocking_thread_equal_one_rank(mpi_ranks):
     for kw in settings:
         params = train(comm, **{"bucket_mb": 0, **kw})
         assert_close(params, expected, f"{kw}")
-    accums = [a for a in (2, 3) if GLOBAL_BATCH % (mpi_ranks * a) == 0]
+    accums = [a for a in (2, 3) if GLOBAL_BATCH % (comm.Get_size() * a) == 0]
     for accum in accums:  # no_sync: pieces reduce the accumulated sum
         assert_close(train(comm, accum=accum, bucket_mb=0, piece_mb=PIECE_MB,
                            progress_thread="wait"), expected, f"accum={accum}")
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_the_default_on_one_host_is_plain_overlap_with_whole_buckets(mpi_ranks):
+def check_the_default_on_one_host_is_plain_overlap_with_whole_buckets(comm):
     """The default, piece_mb="auto", cuts layers only where the comm spans hosts (not
     these ranks: on one host the cut products cost more than they hide, docs/overlap.md;
     across hosts, tests/test_cluster.py); no thread; deterministic mode never cuts."""
-    comm = MPI.COMM_WORLD
     with DataParallel(MLP(SIZES, dtype="float64"), comm) as ddp:
         assert (ddp.across, ddp.progress, ddp.blocks, ddp._thread) == (False, None, None, None)
         assert ddp._pieces == {}
@@ -174,9 +169,8 @@ def test_the_default_on_one_host_is_plain_overlap_with_whole_buckets(mpi_ranks):
         DataParallel(MLP(SIZES), comm, progress_thread="spin")
 
 
-@pytest.mark.mpi(ranks=[3], timeout=60)
-def test_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum(mpi_ranks):
-    comm = CountingComm(MPI.COMM_WORLD)
+def check_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum(world):
+    comm = CountingComm(world)
     rank = comm.Get_rank()
     model = MLP([4, 3, 2], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0)
@@ -201,9 +195,7 @@ def test_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum(mpi_ranks
     assert_close(model.grads, expected, "accumulated")
 
 
-@pytest.mark.mpi(ranks=[2, 4], timeout=60)
-def test_broadcast_at_start_and_check_replicas_catches_a_drift(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_broadcast_at_start_and_check_replicas_catches_a_drift(comm):
     model = MLP([6, 5, 3], dtype="float32", seed=100 + comm.Get_rank())
     ddp = DataParallel(model, comm, debug=True)  # checks replicas after the broadcast
     rank0 = MLP([6, 5, 3], dtype="float32", seed=100)
@@ -215,9 +207,7 @@ def test_broadcast_at_start_and_check_replicas_catches_a_drift(mpi_ranks):
         ddp.check_replicas()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_overlap_launches_buckets_during_backward_in_order(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_overlap_launches_buckets_during_backward_in_order(comm):
     model = MLP([64, 256, 256, 256, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0, overlap=True)
     x, y = np.ones((8, 64)), np.zeros(8, dtype=np.int64)
@@ -251,15 +241,14 @@ def test_buckets_are_reverse_layer_order_and_grads_are_views_of_them():
         DataParallel(MLP([3, 2]), comm, algorithm="nope")
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_user_collectives_in_flight_across_backward_keep_their_own_messages(mpi_ranks):
+def check_user_collectives_in_flight_across_backward_keep_their_own_messages(world):
     # The user's collectives and the buckets' take tags of one sequence per communicator;
     # DataParallel's own duplicate keeps the buckets in a matching space of their own.
-    comm = mpidp.Comm(MPI.COMM_WORLD)
+    comm = mpidp.Comm(world)
     rank, n = comm.Get_rank(), comm.Get_size()
     model = MLP([64, 256, 256, 10], dtype="float64", seed=0)
     with DataParallel(model, comm, bucket_mb=0) as ddp:
-        assert MPI.Comm.Compare(ddp.comm, MPI.COMM_WORLD) == MPI.CONGRUENT  # not the same one
+        assert MPI.Comm.Compare(ddp.comm, world) == MPI.CONGRUENT  # not the same one
         mine = [np.full(50_000 + 7 * k, float(rank + k)) for k in range(3)]
         theirs = [np.empty_like(v) for v in mine]
         requests = [comm.Iallreduce(v, out) for v, out in zip(mine, theirs, strict=True)]
@@ -280,11 +269,9 @@ def test_user_collectives_in_flight_across_backward_keep_their_own_messages(mpi_
     assert ddp.comm == MPI.COMM_NULL  # freed by close()
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3], timeout=120)
-def test_the_articles_naive_data_parallel_equals_one_rank(mpi_ranks):
+def check_the_articles_naive_data_parallel_equals_one_rank(comm):
     from mpidp.training import NaiveDataParallel
 
-    comm = MPI.COMM_WORLD
     x, y = dataset()
     rank, size = comm.Get_rank(), comm.Get_size()
     model = MLP(SIZES, dtype="float64", seed=rank)
@@ -298,10 +285,8 @@ def test_the_articles_naive_data_parallel_equals_one_rank(mpi_ranks):
     assert_close(model.params, reference(), "naive DP")
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_buckets_make_progress_during_backward_not_only_at_the_end(mpi_ranks):
+def check_buckets_make_progress_during_backward_not_only_at_the_end(comm):
     """Rounds completed while backward still computes: what overlap means."""
-    comm = MPI.COMM_WORLD
     model = MLP([64, 512, 512, 512, 10], dtype="float64", seed=0)
     x, y = np.ones((64, 64)), np.zeros(64, dtype=np.int64)
     for overlap in (True, False):
@@ -317,9 +302,7 @@ def test_buckets_make_progress_during_backward_not_only_at_the_end(mpi_ranks):
             assert everyone == 0  # launched after backward: nothing to overlap
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_the_progress_thread_completes_buckets_by_itself(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_the_progress_thread_completes_buckets_by_itself(comm):
     for thread, piece_mb in (("wait", None), ("poll", None), ("wait", 0.01)):
         model = MLP([32, 256, 256, 10], dtype="float64", seed=0)
         with DataParallel(model, comm, bucket_mb=0, progress_thread=thread,
@@ -333,9 +316,7 @@ def test_the_progress_thread_completes_buckets_by_itself(mpi_ranks):
             comm.Barrier()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_backward_times_out_when_a_peer_does_not_join(mpi_ranks, no_debug_check):
-    comm = MPI.COMM_WORLD
+def check_backward_times_out_when_a_peer_does_not_join(comm):
     model = MLP([8, 6, 3], dtype="float64", seed=0)
     x, y = np.ones((4, 8)), np.zeros(4, dtype=np.int64)
     with DataParallel(model, comm, bucket_mb=0, algorithm="ring") as ddp:
@@ -349,3 +330,32 @@ def test_backward_times_out_when_a_peer_does_not_join(mpi_ranks, no_debug_check)
             comm.Barrier()  # rank 0 has timed out
             ddp.backward(dlogits)
         assert all(b.request.done for b in ddp.buckets)
+
+
+# The smaller checks in two launches (each launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[4], timeout=240)
+def test_deterministic_mode_progress_designs_and_naive_dp_equal_one_rank(mpi_ranks):
+    """Deterministic mode, bitwise (N = 2, 3); the progress threads (N = 2, 3); pieces and
+    the blocking thread (N = 1..4); the article's naive data parallelism (N = 1, 2, 3)."""
+    on_each_size((2, 3), check_deterministic_mode_equals_one_rank_bitwise)
+    on_each_size((2, 3), check_progress_thread_gives_the_same_result)
+    on_each_size((1, 2, 3, 4), check_pieces_and_the_blocking_thread_equal_one_rank)
+    on_each_size((1, 2, 3), check_the_articles_naive_data_parallel_equals_one_rank)
+
+
+@pytest.mark.mpi(ranks=[4], timeout=180)
+def test_defaults_no_sync_broadcast_overlap_progress_and_deadlines(mpi_ranks):
+    """The defaults (N = 2); no_sync (N = 3); the broadcast at start and check_replicas
+    (N = 2, 4); buckets launched in order during backward (N = 2); the user's collectives
+    in flight across backward (N = 2, 3); rounds made during backward (N = 2, 3); the
+    progress thread alone (N = 2); backward's deadline when a peer does not join (N = 2)."""
+    on_each_size((2,), check_the_default_on_one_host_is_plain_overlap_with_whole_buckets)
+    on_each_size((3,), check_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum)
+    on_each_size((2, 4), check_broadcast_at_start_and_check_replicas_catches_a_drift)
+    on_each_size((2,), check_overlap_launches_buckets_during_backward_in_order)
+    on_each_size((2, 3), check_user_collectives_in_flight_across_backward_keep_their_own_messages)
+    on_each_size((2, 3), check_buckets_make_progress_during_backward_not_only_at_the_end)
+    on_each_size((2,), check_the_progress_thread_completes_buckets_by_itself)
+    with debug_check_off():  # its exchange would wait for the peer: the deadline is tested
+        on_each_size((2,), check_backward_times_out_when_a_peer_does_not_join)

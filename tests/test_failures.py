@@ -479,14 +479,15 @@ STALLS = {  # where one rank stalls -> the fault
 }
 
 
-@pytest.mark.parametrize("where", sorted(STALLS))
-def test_the_trainer_has_a_default_deadline_for_everything_collective(where, tmp_path):
-    """No MPIDP_TIMEOUT: a rank stuck anywhere ends the job, by the default deadline
-    (its floor made 10 s for start-up and 3 s after it here, so that the test is quick)."""
+def _stalled_run(where: str, folder) -> tuple:
+    """Train on 2 ranks, one of them stuck at `where`, no MPIDP_TIMEOUT: what `mpiexec`
+    returns. The start-up deadline (the default floor) is made 10 s where the stall is the
+    start-up's (the initial broadcast), 20 s elsewhere, where the 3 s after it are tested:
+    the five jobs start together on 2 cores (`stalled_runs`), so start-up is slower."""
     staller = 0 if where == "checkpoint write" else 1  # rank 0 writes the checkpoints
     fault = f"""
         from mpidp import watchdog
-        watchdog.DEFAULT_FLOOR_S = 10.0  # start-up's deadline
+        watchdog.DEFAULT_FLOOR_S = {10.0 if where == "initial broadcast" else 20.0}
         kick = watchdog.Dog.kick
         def kick_with_a_short_floor(self):
             self.floor = 3.0  # after start-up: the test's own
@@ -495,14 +496,33 @@ def test_the_trainer_has_a_default_deadline_for_everything_collective(where, tmp
         if rank == {staller}:
             {STALLS[where]}
     """
-    flags = [*SMALL, "--checkpoint", str(tmp_path / "ck.npz"), "--trace",
-             str(tmp_path / "trace.json")]
+    flags = [*SMALL, "--checkpoint", str(folder / "ck.npz"), "--trace",
+             str(folder / "trace.json")]
     run = f"""
         sys.argv = [{TRAIN!r}, *{flags!r}]
         runpy.run_path(sys.argv[0], run_name="__main__")
     """
-    code, out, err, seconds = mpiexec(2, inject(fault, run), env={"MPIDP_TIMEOUT": ""},
-                                      timeout=60)
+    return staller, mpiexec(2, inject(fault, run), env={"MPIDP_TIMEOUT": ""}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stalled_runs(tmp_path_factory):
+    """Every STALLS job launched at once (each waits seconds for its deadline, mostly
+    asleep): where -> (the stalled rank, mpiexec's result)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(STALLS)) as pool:
+        futures = {where: pool.submit(_stalled_run, where, tmp_path_factory.mktemp("stall"))
+                   for where in STALLS}
+        return {where: future.result() for where, future in futures.items()}
+
+
+@pytest.mark.parametrize("where", sorted(STALLS))
+def test_the_trainer_has_a_default_deadline_for_everything_collective(where, stalled_runs):
+    """No MPIDP_TIMEOUT: a rank stuck anywhere ends the job, by the default deadline
+    (its floor made 10 s for a stalled start-up and 3 s after it here, so that the test is
+    quick; the five jobs run at once, `stalled_runs`)."""
+    staller, (code, out, err, seconds) = stalled_runs[where]
     assert code == watchdog.EXIT_TIMEOUT, report(code, out, err, seconds)
     assert f"stalled on rank {staller}" in out, report(code, out, err, seconds)
     floor = 10 if where == "initial broadcast" else 3

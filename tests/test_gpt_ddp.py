@@ -12,7 +12,6 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 from helpers.subcomms import on_each_size
-from mpi4py import MPI
 
 from mpidp.training import GPT, MLP, AdamW, DataParallel, ShardSampler
 from mpidp.training.buckets import make_buckets, units, writers
@@ -117,8 +116,9 @@ CASES = [  # pairwise: each of zero x overlap x accum x buckets appears with eac
 
 
 @pytest.mark.mpi(ranks=[4], timeout=360)
-def test_gpt_on_n_ranks_equals_one_rank_on_the_global_batch(mpi_ranks):
-    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py)."""
+def test_gpt_on_n_ranks_equals_one_rank_and_its_zero_memory_is_the_formula(mpi_ranks):
+    """N = 1..4 in one launch: a communicator of each size (tests/helpers/subcomms.py);
+    then, in the same launch, the ZeRO memory of the GPT (N = 3)."""
     expected = reference()
 
     def check(comm):
@@ -130,16 +130,16 @@ def test_gpt_on_n_ranks_equals_one_rank_on_the_global_batch(mpi_ranks):
                                            err_msg=f"N={comm.Get_size()} {case} {name}")
 
     on_each_size(range(1, 5), check)
+    on_each_size((3,), check_zero_memory_of_the_gpt_is_the_formula)
 
 
-@pytest.mark.mpi(ranks=[3], timeout=120)
-def test_zero_memory_of_the_gpt_is_the_formula(mpi_ranks):
+def check_zero_memory_of_the_gpt_is_the_formula(comm):
     """Model states per rank, measured from the arrays (tied wte counted once), = the formula."""
     from mpidp.bench import gpt as bench
 
     args = bench.parse_args(["--layers", "1", "--heads", "2", "--width", "8", "--context", "8",
                              "--batch", "2", "--bucket-mb", "0"])
-    rows = bench.memory(MPI.COMM_WORLD, args)
+    rows = bench.memory(comm, args)
     assert [r["zero"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["total"] == r["formula"], r

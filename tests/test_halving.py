@@ -1,7 +1,8 @@
 """Recursive halving / doubling, Rabenseifner and the fold: checked against MPI.
 
-Every multi-rank test runs for N = 1..8 (powers of two and not) and loops over
-ops × dtypes × counts inside one launch (the sweeps are tests/helpers/sweeps.py's,
+Every multi-rank check runs for N = 1..8 (powers of two and not), all in one launch of 8
+ranks (a communicator of each size: tests/helpers/subcomms.py), and loops over
+ops × dtypes × counts (the sweeps are tests/helpers/sweeps.py's,
 which test_tree.py and test_direct.py run for the trees and direct). Inputs are
 small integers, stored in whatever dtype is tested, so sums, products and averages
 are exact in every summation order and results must equal MPI's bit for bit; one
@@ -11,19 +12,20 @@ random-float case checks the tolerance that summation order allows.
 import numpy as np
 import pytest
 from helpers.oracle import DTYPES, assert_same, make_input, native_reduce_scatter
+from helpers.subcomms import on_each_size
 from helpers.sweeps import (
     LARGE,
     check_allreduce_matches_mpi_bit_for_bit,
     check_allreduce_random_floats_agree_across_ranks,
+    debug_check_off,
     dtype_ops,
     traffic,
 )
-from mpi4py import MPI
 
 from mpidp.collectives import api, waitall
 from mpidp.collectives.algorithms.halving import fold
 
-RANKS = [1, 2, 3, 4, 5, 6, 7, 8]
+SIZES = range(1, 9)
 HALVING = ("rabenseifner", "recursive_doubling")  # the all-reduces of this file
 ALLREDUCE_ALGOS = (*HALVING, "naive", "direct")  # all in flight together: the I-forms' check
 
@@ -176,28 +178,25 @@ def check_volume_and_rounds_match_the_docstrings(comm):
     assert rounds == (2 if idle else k + 2 if folded else k)
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_unknown_algorithm_is_refused(mpi_ranks):
+def check_unknown_algorithm_is_refused(comm):
     x = np.ones(4)
     with pytest.raises(ValueError, match="unknown allreduce algorithm"):
-        api.allreduce(MPI.COMM_WORLD, x, np.empty_like(x), algorithm="butterfly")
+        api.allreduce(comm, x, np.empty_like(x), algorithm="butterfly")
 
 
-# One launch per N runs many checks (each mpiexec launch costs seconds).
-
-@pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_allreduce_matches_mpi(mpi_ranks):
-    check_allreduce_matches_mpi_bit_for_bit(MPI.COMM_WORLD, HALVING)
-    check_allreduce_random_floats_agree_across_ranks(MPI.COMM_WORLD, HALVING)
-
-
-@pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_reduce_scatter_allgather_match_mpi(mpi_ranks):
-    check_reduce_scatter_matches_mpi(MPI.COMM_WORLD)
-    check_allgather_matches_mpi(MPI.COMM_WORLD)
+def check_halving(comm):
+    check_unknown_algorithm_is_refused(comm)
+    check_allreduce_matches_mpi_bit_for_bit(comm, HALVING)
+    check_allreduce_random_floats_agree_across_ranks(comm, HALVING)
+    check_reduce_scatter_matches_mpi(comm)
+    check_allgather_matches_mpi(comm)
+    with debug_check_off():  # the agreement check's own messages would be counted
+        check_volume_and_rounds_match_the_docstrings(comm)
+        check_nonblocking_forms_run_concurrently(comm)
 
 
-@pytest.mark.mpi(ranks=RANKS, timeout=300)
-def test_volume_rounds_and_nonblocking_forms(mpi_ranks, no_debug_check):
-    check_volume_and_rounds_match_the_docstrings(MPI.COMM_WORLD)
-    check_nonblocking_forms_run_concurrently(MPI.COMM_WORLD)
+# One launch for every N (each launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[8], timeout=300)
+def test_halving_doubling_and_the_fold_match_mpi_volume_and_rounds(mpi_ranks):
+    on_each_size(SIZES, check_halving)

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -163,9 +164,7 @@ def compare(name: str, op: str, native, mine, seen: set, where: str, wrong: set 
         assert n_what.Get_error_class() == m_what.Get_error_class(), where
 
 
-@pytest.mark.mpi(ranks=[1, 3], timeout=240)
-def test_every_datatype_with_every_op_matches_the_library_or_the_standard(mpi_ranks):
-    world = MPI.COMM_WORLD
+def check_every_datatype_with_every_op_matches_the_library_or_the_standard(world):
     comm = mpidp.Comm(world)
     seen: set[tuple[str, str]] = set()
     wrong: set[tuple[str, str]] = set()
@@ -191,10 +190,8 @@ def test_every_datatype_with_every_op_matches_the_library_or_the_standard(mpi_ra
         assert wrong == deviations(WRONG), f"{LIBRARY} computes another result: {wrong}"
 
 
-@pytest.mark.mpi(ranks=[2], timeout=120)
-def test_plain_arrays_follow_the_same_table(mpi_ranks):
+def check_plain_arrays_follow_the_same_table(world):
     """No datatype given: mpi4py infers it from the array (bool: C_BOOL, S1: CHAR)."""
-    world = MPI.COMM_WORLD
     comm = mpidp.Comm(world)
     seen: set[tuple[str, str]] = set()
     for i, code in enumerate("?bBhHiIlLqQefdgFDG" + "c"):
@@ -214,11 +211,9 @@ ALLOWED = [("BYTE", "BAND"), ("C_BOOL", "LXOR"), ("LOGICAL", "LOR"), ("INTEGER",
            ("AINT", "SUM"), ("UNSIGNED_CHAR", "SUM"), ("C_FLOAT_COMPLEX", "PROD")]
 
 
-@pytest.mark.mpi(ranks=[1, 3], timeout=120)
-def test_every_reduction_entry_point_checks_the_table(mpi_ranks):
+def check_every_reduction_entry_point_checks_the_table(world):
     """Allreduce's I-form and persistent form, Reduce_scatter_block and Reduce_scatter
     (given and gathered counts), in place and not: refused before any message."""
-    world = MPI.COMM_WORLD
     n = world.Get_size()
     comm = mpidp.Comm(world)
 
@@ -262,6 +257,17 @@ def test_every_reduction_entry_point_checks_the_table(mpi_ranks):
                 assert results[0][0] == results[1][0] == "ok", f"{where}: {results}"
                 assert same(results[1][1], results[0][1]), f"{where}: {results}"
     world.Barrier()
+
+
+# Every multi-rank check in one launch (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[3], timeout=300)
+def test_every_datatype_and_op_matches_the_library_on_every_entry_point(mpi_ranks):
+    """Every datatype with every op against the library or the standard (N = 1, 3); plain
+    arrays follow the same table (N = 2); every reduction entry point checks it (N = 1, 3)."""
+    on_each_size((1, 3), check_every_datatype_with_every_op_matches_the_library_or_the_standard)
+    on_each_size((2,), check_plain_arrays_follow_the_same_table)
+    on_each_size((1, 3), check_every_reduction_entry_point_checks_the_table)
 
 
 def _persistent(request) -> None:

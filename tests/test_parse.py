@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -99,10 +100,14 @@ def expect(error: type, fails, comm, what: str) -> None:
     raise AssertionError(f"{comm!r}, {what}: no error, expected {error.__name__}")
 
 
-@pytest.mark.mpi(ranks=[1, 3], timeout=120)
+@pytest.mark.mpi(ranks=[3], timeout=120)
 def test_errors_are_raised_before_any_message(mpi_ranks):
+    """N = 1, 3 in one launch (a communicator of each size: tests/helpers/subcomms.py)."""
+    on_each_size((1, 3), check_errors_are_raised_before_any_message)
+
+
+def check_errors_are_raised_before_any_message(world):
     """Same exception as mpi4py where mpi4py raises one; a clear one where MPI would not."""
-    world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     comm = mpidp.Comm(world)
     for what, error, fails in errors_mpi4py_raises(n):

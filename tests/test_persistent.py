@@ -2,7 +2,9 @@
 
 Each persistent collective is started three times with new data in its buffers
 (the plan holds views of them), and every result is compared with the MPI
-library's own on the same inputs, for every algorithm and every count shape.
+library's own on the same inputs, for every algorithm and every count shape, on 1 to 8
+ranks: every rank count in one launch of 8 ranks (a communicator of each size:
+tests/helpers/subcomms.py).
 """
 
 import numpy as np
@@ -15,6 +17,7 @@ from helpers.oracle import (
     native_allreduce,
     native_reduce_scatter,
 )
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -86,9 +89,7 @@ def check_bcast(comm, count: int, algorithm: str) -> None:
     req.Free()
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=240)
-def test_persistent_collectives_match_mpi_start_after_start(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_start_after_start(comm):
     n = comm.Get_size()
     for count in counts_for(n) + ([100_003] if n in (3, 4) else []):
         for algorithm in mpidp.ALGORITHMS["allreduce"]:
@@ -103,9 +104,8 @@ def test_persistent_collectives_match_mpi_start_after_start(mpi_ranks):
     assert not state.state(comm)._held, "a freed persistent collective still holds its tag"
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_starting_a_persistent_collective_never_moves_the_sequence(mpi_ranks):
-    comm = MPI.COMM_WORLD.Dup()
+def check_starting_never_moves_the_sequence(world):
+    comm = world.Dup()
     st = state.state(comm)
     n = comm.Get_size()
     x, y, w = np.arange(4.0 * n), np.empty(4 * n), np.empty(4)
@@ -132,6 +132,16 @@ def test_starting_a_persistent_collective_never_moves_the_sequence(mpi_ranks):
         req.Start()
     assert not st._held
     comm.Free()
+
+
+# Both in one launch (a launch of 8 ranks costs seconds of start-up on 2 cores).
+
+@pytest.mark.mpi(ranks=[8], timeout=240)
+def test_persistent_collectives_match_mpi_and_never_move_the_sequence(mpi_ranks):
+    """Start after start against MPI (N = 1..8); starting never takes a number of the
+    sequence, with plain calls in flight alongside (N = 2, 3)."""
+    on_each_size(range(1, 9), check_start_after_start)
+    on_each_size((2, 3), check_starting_never_moves_the_sequence)
 
 
 def test_a_persistent_collective_on_one_rank():

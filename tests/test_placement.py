@@ -19,7 +19,8 @@ from helpers.oracle import (
     native_reduce_scatter,
 )
 from helpers.oracle import counts_for as oracle_counts
-from mpi4py import MPI
+from helpers.subcomms import on_each_size
+from helpers.sweeps import debug_check_off
 
 from mpidp.collectives import CountingComm, api, cost, placement
 from mpidp.collectives.algorithms import fold
@@ -194,12 +195,17 @@ def check_placement_is_learned_once(comm):
         dup.Free()
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 4, 5, 6, 7, 8], timeout=300)
-def test_placed_algorithms_match_mpi(mpi_ranks):
-    check_against_mpi(MPI.COMM_WORLD)
-    check_placement_is_learned_once(MPI.COMM_WORLD)
+def check_placed_algorithms_match_mpi(comm):
+    check_against_mpi(comm)
+    check_placement_is_learned_once(comm)
 
 
-@pytest.mark.mpi(ranks=[4], timeout=120)
-def test_bytes_between_hosts_on_real_ranks(mpi_ranks, no_debug_check):
-    check_bytes_across_hosts_counted(MPI.COMM_WORLD)
+# One launch for N = 1..8 (a communicator of each size: tests/helpers/subcomms.py; each
+# launch of ranks costs seconds of start-up on 2 cores).
+
+@pytest.mark.mpi(ranks=[8], timeout=300)
+def test_placed_algorithms_match_mpi_and_bytes_between_hosts_on_real_ranks(mpi_ranks):
+    """Every placement against MPI (N = 1..8); bytes between hosts, counted (N = 4)."""
+    on_each_size(range(1, 9), check_placed_algorithms_match_mpi)
+    with debug_check_off():  # the agreement check's own messages would be counted
+        on_each_size((4,), check_bytes_across_hosts_counted)

@@ -12,6 +12,8 @@ import pytest
 
 # a comm that records the tag of every message it posts (and refuses its own collectives)
 from helpers.comms import NoCollectives as TagRecorder
+from helpers.subcomms import on_each_size
+from helpers.sweeps import debug_check_off
 from mpi4py import MPI
 
 import mpidp
@@ -22,12 +24,10 @@ def sig_of(tag: int) -> int:
     return (tag - state.TAG_BASE) // state.SLOTS
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered(
-        mpi_ranks, no_debug_check):
+def check_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered(base):
     """A call that differs from an earlier one in any field of the signature gets that
     field's signature, not the earlier call's remembered one (calls repeat, interleaved)."""
-    world = MPI.COMM_WORLD.Dup()
+    world = base.Dup()
     comm = TagRecorder(world)
     n = world.Get_size()
     st = state.state(world)
@@ -71,9 +71,8 @@ def test_every_call_is_signed_with_its_own_arguments_though_setups_are_remembere
     world.Free()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_a_new_model_forgets_the_remembered_choices(mpi_ranks):
-    comm = MPI.COMM_WORLD.Dup()
+def check_a_new_model_forgets_the_remembered_choices(world):
+    comm = world.Dup()
     x, y = np.ones(1 << 16, "f4"), np.empty(1 << 16, "f4")
 
     def chosen():
@@ -125,11 +124,9 @@ def test_what_depends_on_the_arrays_is_checked_at_every_call():
     assert np.array_equal(y, x)
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_remembered_blocks_follow_the_counts_and_displacements(mpi_ranks):
+def check_remembered_blocks_follow_the_counts_and_displacements(comm):
     """Calls alike but for their layout, interleaved: each result lands where its own
     counts and displacements say."""
-    comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     mine = np.full(2, rank + 1, "i4")
     packed = np.repeat(np.arange(1, n + 1, dtype="i4"), 2)
@@ -148,3 +145,17 @@ def test_remembered_blocks_follow_the_counts_and_displacements(mpi_ranks):
             start = sum(counts[:rank])
             want = n * np.arange(start, start + counts[rank]) + n * (n - 1) / 2
             assert np.array_equal(y[: counts[rank]], want), (counts, y)
+
+
+# Every multi-rank check in one launch (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_signatures_remembered_choices_and_blocks_on_real_ranks(mpi_ranks):
+    """Every call is signed with its own arguments though set-ups are remembered (N = 2, 3);
+    a new model forgets the remembered choices (N = 2); remembered blocks follow the counts
+    and displacements (N = 2, 3)."""
+    with debug_check_off():  # the agreement check's own messages would be among the tags
+        on_each_size((2, 3),
+                     check_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered)
+    on_each_size((2,), check_a_new_model_forgets_the_remembered_choices)
+    on_each_size((2, 3), check_remembered_blocks_follow_the_counts_and_displacements)

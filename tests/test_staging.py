@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
@@ -133,11 +134,9 @@ def test_host_rounds_take_the_fast_path():
     assert wire is not round_ and fill is not None and finish is not None
 
 
-@pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=90)
-def test_staged_collectives_match_mpi(mpi_ranks):
+def check_staged_collectives_match_mpi(comm):
     """MPIDP_STAGING=1: every message goes through host staging buffers."""
     buffers.set_staging("1")  # what MPIDP_STAGING=1 does at import
-    comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     pool = state(comm).pool
     pool.clear()
@@ -163,11 +162,15 @@ def test_staged_collectives_match_mpi(mpi_ranks):
 
 @pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device (none on this "
                     "machine); `make gpu-check` runs the CuPy paths on a GPU machine")
-@pytest.mark.mpi(ranks=[1, 2, 3, 4], timeout=120)
+@pytest.mark.mpi(ranks=[4], timeout=120)
 def test_cupy_collectives_match_mpi(mpi_ranks):
+    """N = 1..4 in one launch (a communicator of each size: tests/helpers/subcomms.py)."""
+    on_each_size(range(1, 5), check_cupy_collectives_match_mpi)
+
+
+def check_cupy_collectives_match_mpi(comm):
     import cupy as cp
 
-    comm = MPI.COMM_WORLD
     cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
     for count in (0, 1, 7, 100_003):
         x = cp.arange(count, dtype=cp.float64) * (comm.rank + 1)
@@ -177,6 +180,15 @@ def test_cupy_collectives_match_mpi(mpi_ranks):
             y = cp.empty_like(x)
             mpidp.allreduce(comm, x, y, algorithm=algorithm)
             assert np.array_equal(cp.asnumpy(y), want), (algorithm, count)
+
+
+@pytest.mark.mpi(ranks=[5], timeout=90)
+def test_staged_collectives_match_mpi(mpi_ranks):
+    """N = 1, 2, 3, 5 in one launch (a communicator of each size: tests/helpers/subcomms.py)."""
+    try:
+        on_each_size((1, 2, 3, 5), check_staged_collectives_match_mpi)
+    finally:
+        buffers.set_staging("")
 
 
 def test_scratch_pool_reuses_buffers_of_the_same_size():

@@ -21,6 +21,7 @@ from helpers.oracle import (
     native_reduce_scatter,
 )
 from helpers.subcomms import on_each_size
+from helpers.sweeps import debug_check_off
 from mpi4py import MPI
 
 import mpidp
@@ -115,9 +116,17 @@ def test_many_collectives_in_flight_complete_in_any_order(mpi_ranks):
     on_each_size(range(1, 9), check)
 
 
-@pytest.mark.mpi(ranks=[3], timeout=120)
-def test_a_call_that_raises_uses_its_number_up_on_every_rank(mpi_ranks):
-    comm = MPI.COMM_WORLD.Dup()
+def patched(check):
+    """``check(comm, monkeypatch)`` with a monkeypatch of its own, undone after each size
+    (as pytest's fixture was after each launch)."""
+    def run(comm):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            check(comm, monkeypatch)
+    return run
+
+
+def check_a_call_that_raises_uses_its_number_up_on_every_rank(world):
+    comm = world.Dup()
     st = state.state(comm)
     before = st.started
     x, y = np.arange(6.0), np.empty(6)
@@ -130,10 +139,9 @@ def test_a_call_that_raises_uses_its_number_up_on_every_rank(mpi_ranks):
     comm.Free()
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_wrapping_around_the_tag_range_is_a_clear_error(mpi_ranks, monkeypatch):
+def check_wrapping_around_the_tag_range_is_a_clear_error(world, monkeypatch):
     monkeypatch.setattr(state, "SLOTS", 4)
-    comm = MPI.COMM_WORLD.Dup()
+    comm = world.Dup()
     n = comm.Get_size()
     xs = [np.arange(10 * n, dtype=np.float64) + k for k in range(5)]
     ys = [np.empty_like(x) for x in xs]
@@ -147,9 +155,8 @@ def test_wrapping_around_the_tag_range_is_a_clear_error(mpi_ranks, monkeypatch):
     comm.Free()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_an_explicit_tag_must_be_the_users(mpi_ranks):
-    comm = mpidp.CountingComm(MPI.COMM_WORLD)
+def check_an_explicit_tag_must_be_the_users(world):
+    comm = mpidp.CountingComm(world)
     x, y = np.ones(4), np.empty(4)
     for bad in (mpidp.TAG_BASE, mpidp.TAG_BASE + 5, -1, 1.5):
         with pytest.raises(ValueError, match="explicit tag"):
@@ -158,6 +165,18 @@ def test_an_explicit_tag_must_be_the_users(mpi_ranks):
     started = state.state(comm).started
     mpidp.allreduce(comm, x, y, tag=42, algorithm="ring")  # the user's own tag: no number
     assert np.array_equal(y, np.full(4, 2.0)) and state.state(comm).started == started
+
+
+# One launch for the sequence's checks (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_a_raising_call_takes_its_number_wrapping_around_is_an_error_and_tags_are_users(
+        mpi_ranks):
+    """A call that raises uses its number up on every rank (N = 3); wrapping around the tag
+    range is a clear error (N = 2, 3); an explicit tag must be the user's (N = 2)."""
+    on_each_size((3,), check_a_call_that_raises_uses_its_number_up_on_every_rank)
+    on_each_size((2, 3), patched(check_wrapping_around_the_tag_range_is_a_clear_error))
+    on_each_size((2,), check_an_explicit_tag_must_be_the_users)
 
 
 def test_the_sequence_is_thread_safe():
@@ -213,14 +232,12 @@ def mismatches(rank: int):
     ]
 
 
-@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
-def test_disagreeing_ranks_never_exchange_data(mpi_ranks, no_debug_check):
+def check_disagreeing_ranks_never_exchange_data(world):
     """Without the debug check: a rank never takes data from a rank whose call differs.
 
     Each case runs on a communicator of its own, kept until the end, so that the
     messages left over from one stalled case cannot meet the next one's.
     """
-    world = MPI.COMM_WORLD
     rank = world.Get_rank()
     comms = []
     for what, call in mismatches(rank):
@@ -279,11 +296,9 @@ def persistent_mismatches(rank: int):
     ]
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_disagreeing_persistent_collectives_never_exchange_data(mpi_ranks, no_debug_check):
+def check_disagreeing_persistent_collectives_never_exchange_data(world):
     """As above, for ``*_init``: started, the mismatched calls stall on every rank (were the
     signature left out of persistent tags, they would match and exchange data)."""
-    world = MPI.COMM_WORLD
     comms, matched = [], {}
     for what, create in persistent_mismatches(world.Get_rank()):
         comms.append(world.Dup())
@@ -310,9 +325,7 @@ def test_disagreeing_persistent_collectives_never_exchange_data(mpi_ranks, no_de
     assert not matched, f"ranks completed with a mismatched peer (stalled per rank): {matched}"
 
 
-@pytest.mark.mpi(ranks=[2, 5], timeout=120)
-def test_debug_check_names_every_ranks_value_whatever_the_length(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_debug_check_names_every_ranks_value_whatever_the_length(comm):
     n, rank = comm.Get_size(), comm.Get_rank()
     assert checks.debug_enabled(), "the suite runs with MPIDP_DEBUG=1 (tests/conftest.py)"
     long_counts = tuple(range(10_000, 10_000 + 100))  # a description far over 256 bytes
@@ -356,15 +369,13 @@ def _algorithm_cases(algorithm: str, n: int):
     ]
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_debug_check_compares_the_algorithm_as_passed_before_auto_sets_up(mpi_ranks):
+def check_debug_check_compares_the_algorithm_as_passed_before_auto_sets_up(world):
     """``auto`` on rank 0 and ``ring`` on the others: with MPIDP_DEBUG=1 every rank raises.
 
     auto's set-up is collective (the cost model's calibration, the placement query),
     so a check made after it hung: rank 0 calibrated alone. The check compares what
     was passed, so ``auto`` against ``ring`` differs even where auto would pick the ring.
     """
-    world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     assert checks.debug_enabled(), "the suite runs with MPIDP_DEBUG=1 (tests/conftest.py)"
     algorithm = "auto" if rank == 0 else "ring"
@@ -381,6 +392,21 @@ def test_debug_check_compares_the_algorithm_as_passed_before_auto_sets_up(mpi_ra
         mpidp.allreduce(comm, x, y, algorithm="ring")  # still in step
         assert np.array_equal(y, n * x)
         comm.Free()
+
+
+# One launch for the ranks that disagree (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[5], timeout=180)
+def test_disagreeing_ranks_never_exchange_data_and_the_debug_check_names_them(mpi_ranks):
+    """Without the debug check, disagreeing ranks never exchange data, in plain calls
+    (N = 2, 3, 4) and persistent ones (N = 2, 3); with it, the error names every rank's
+    value whatever its length (N = 2, 5) and compares the algorithm as passed, before
+    ``auto`` sets up (N = 2, 3)."""
+    with debug_check_off():
+        on_each_size((2, 3, 4), check_disagreeing_ranks_never_exchange_data)
+        on_each_size((2, 3), check_disagreeing_persistent_collectives_never_exchange_data)
+    on_each_size((2, 5), check_debug_check_names_every_ranks_value_whatever_the_length)
+    on_each_size((2, 3), check_debug_check_compares_the_algorithm_as_passed_before_auto_sets_up)
 
 
 def test_timeout_message_names_what_is_left_to_look_at():
@@ -484,15 +510,13 @@ def test_two_threads_starting_collectives_at_once_raise_with_debug():
         checks.set_debug(before)
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline(mpi_ranks,
-                                                                            monkeypatch):
+def check_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline(world,
+                                                                             monkeypatch):
     """On rank 0 a second thread starts a collective while the main thread's is in flight:
     it raises there, naming both threads; the other ranks, which wait for rank 0's second
     collective, end at MPIDP_TIMEOUT with a message that points at such a rank."""
     from mpidp.collectives.engine import completion
 
-    world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
     assert checks.debug_enabled()
@@ -531,13 +555,11 @@ def test_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline(mp
 
 # ------------------------------------------------- a collective that raises while it runs
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_a_collective_that_raises_while_it_runs_gives_its_slot_back(mpi_ranks):
+def check_a_collective_that_raises_while_it_runs_gives_its_slot_back(world):
     """An overflow raised inside a reduction (``np.errstate(over="raise")``), on every rank
     alike: the slot goes back, and 5000 correct collectives follow (a leaked slot made
     exactly the 4096th later one raise that 4096 collectives were in flight). The ring:
     every rank reduces in its first round, so all fail alike and stay in step."""
-    world = MPI.COMM_WORLD
     n = world.Get_size()
     comm = world.Dup()
     huge = np.full(2 * n, np.finfo(np.float64).max)
@@ -571,12 +593,11 @@ def test_a_collective_that_raises_while_it_runs_gives_its_slot_back(mpi_ranks):
     comm.Free()
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=60)
-def test_a_persistent_collective_whose_start_raises_can_start_again(mpi_ranks):
+def check_a_persistent_collective_whose_start_raises_can_start_again(world):
     """A start that raises (recorded, or replayed) fails: Wait raises again, it is no
     longer active, the next start runs it whole (a run recorded part way is not
     replayed), and Free works."""
-    comm = MPI.COMM_WORLD.Dup()
+    comm = world.Dup()
     huge = np.full(2 * comm.Get_size(), np.finfo(np.float64).max)
     out = np.empty_like(huge)
     req = mpidp.allreduce_init(comm, huge, out, algorithm="ring")
@@ -596,3 +617,16 @@ def test_a_persistent_collective_whose_start_raises_can_start_again(mpi_ranks):
     assert req.request is req.replay, "a complete recorded run is replayed"
     req.Free()
     comm.Free()
+
+
+# One launch for the collectives that raise (a launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[3], timeout=180)
+def test_collectives_that_raise_give_their_slot_back_and_two_threads_at_once_raise(mpi_ranks):
+    """Two threads starting collectives at once on rank 0 raise there, the others end at
+    their deadline; a collective that raises while it runs gives its slot back; a persistent
+    one whose start raises can start again (N = 2, 3 each)."""
+    on_each_size((2, 3), patched(
+        check_two_threads_at_once_raise_there_and_the_others_end_at_their_deadline))
+    on_each_size((2, 3), check_a_collective_that_raises_while_it_runs_gives_its_slot_back)
+    on_each_size((2, 3), check_a_persistent_collective_whose_start_raises_can_start_again)

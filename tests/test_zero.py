@@ -132,25 +132,22 @@ def test_every_stage_equals_one_rank_on_the_global_batch(mpi_ranks):
     on_each_size(range(1, 6), every_stage_equals_one_rank)
 
 
-@pytest.mark.mpi(ranks=[3, 5], timeout=180)
-def test_deterministic_mode_equals_one_rank_bitwise_in_every_stage(mpi_ranks):
+def check_deterministic_mode_equals_one_rank_bitwise_in_every_stage(comm):
     """The test above to a tolerance, here bitwise: micro-shards of 3 samples on N ranks
     against the same micro-shards on MPI.COMM_SELF, every stage and CONFIGS' layouts."""
-    gb = global_batch(mpi_ranks)
+    gb = global_batch(comm.Get_size())
     with threadpool_limits(1, user_api="blas"):
         for kind in ("sgd", "adam"):
             expected = train(MPI.COMM_SELF, kind, 0, gb // 3, gb, deterministic=True)
             for zero, (_, kw) in zip((0, 1, 2, 3), [*CONFIGS, CONFIGS[0]], strict=True):
                 kw = {k: v for k, v in kw.items() if zero or k != "prefetch"}
-                params = train(MPI.COMM_WORLD, kind, zero, 2, gb, deterministic=True, **kw)
+                params = train(comm, kind, zero, 2, gb, deterministic=True, **kw)
                 for name in expected:
                     assert np.array_equal(params[name], expected[name]), (kind, zero, kw, name)
 
 
-@pytest.mark.mpi(ranks=[3, 4], timeout=180)
-def test_every_reduce_scatter_and_allgather_algorithm(mpi_ranks):
-    comm = MPI.COMM_WORLD
-    expected = reference("adam", mpi_ranks)
+def check_every_reduce_scatter_and_allgather_algorithm(comm):
+    expected = reference("adam", comm.Get_size())
     names = [(rs, ag) for rs in mpidp.ALGORITHMS["reduce_scatter"]
              for ag in mpidp.ALGORITHMS["allgather"] if "auto" not in (rs, ag)]
     stage3 = [(3, names[0]), (3, names[-1])]  # ring; recursive halving + doubling
@@ -160,10 +157,8 @@ def test_every_reduce_scatter_and_allgather_algorithm(mpi_ranks):
                      f"zero={zero} {algorithm}")
 
 
-@pytest.mark.mpi(ranks=[5], timeout=120)
-def test_fewer_parameters_than_ranks_leave_a_shard_empty(mpi_ranks):
+def check_fewer_parameters_than_ranks_leave_a_shard_empty(comm):
     """MLP [1, 2]: P = 4 parameters on 5 ranks, shards of 1, 1, 1, 1, 0 items."""
-    comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     x = np.linspace(-1, 2, 2 * n).reshape(2 * n, 1)  # (2N, 1): 2 samples per rank
     y = (np.arange(2 * n) % 3 == 0).astype(np.int64)  # no symmetry: no gradient cancels
@@ -286,9 +281,7 @@ def model_states_per_rank_are_the_formulas(comm):
         assert total[3, "sgd"] < total[2, "sgd"] < total[1, "sgd"] < total[0, "sgd"]
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_stage_2_frees_each_bucket_after_its_reduce_scatter(mpi_ranks):
-    comm = MPI.COMM_WORLD
+def check_stage_2_frees_each_bucket_after_its_reduce_scatter(comm):
     model = MLP([32, 64, 64, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, bucket_mb=0, zero=2,
                        optimizer=Adam(model.params, model.grads))
@@ -309,11 +302,9 @@ def test_stage_2_frees_each_bucket_after_its_reduce_scatter(mpi_ranks):
     ddp.close()
 
 
-@pytest.mark.mpi(ranks=[2], timeout=60)
-def test_stage_3_holds_a_units_parameters_only_while_it_runs(mpi_ranks):
+def check_stage_3_holds_a_units_parameters_only_while_it_runs(comm):
     """Each gathered buffer is freed after its unit, in forward and in backward: nothing
     keeps it alive (the MLP's cache holds x, not W; the GPT's caches hold no parameter)."""
-    comm = MPI.COMM_WORLD
     model = MLP([32, 64, 64, 10], dtype="float64", seed=0)
     ddp = DataParallel(model, comm, zero=3, optimizer=Adam(model.params, model.grads))
     seen, whole = spy_on_gathers(ddp), []
@@ -407,6 +398,21 @@ def run_from(comm, zero: int, path: str, save_at: int = 0, resume: bool = False,
                             checkpoint.save(path, model, whole, {"step": step})
                     return gathered(ddp)
         return gathered(ddp)
+
+
+# The smaller checks in one launch (each launch of ranks costs seconds of start-up).
+
+@pytest.mark.mpi(ranks=[5], timeout=300)
+def test_bitwise_mode_every_algorithm_empty_shards_and_what_each_stage_frees(mpi_ranks):
+    """Deterministic mode equals one rank bitwise in every stage (N = 3, 5); every
+    reduce-scatter and all-gather algorithm (N = 3, 4); fewer parameters than ranks leave a
+    shard empty (N = 5); stage 2 frees each bucket after its reduce-scatter and stage 3
+    holds a unit's parameters only while it runs (N = 2)."""
+    on_each_size((3, 5), check_deterministic_mode_equals_one_rank_bitwise_in_every_stage)
+    on_each_size((3, 4), check_every_reduce_scatter_and_allgather_algorithm)
+    on_each_size((5,), check_fewer_parameters_than_ranks_leave_a_shard_empty)
+    on_each_size((2,), check_stage_2_frees_each_bucket_after_its_reduce_scatter)
+    on_each_size((2,), check_stage_3_holds_a_units_parameters_only_while_it_runs)
 
 
 @pytest.mark.mpi(ranks=[4], timeout=180)

@@ -6,7 +6,8 @@ buffer spec of `case.form`, calls the collective on `comm` (blocking; or the
 I-form completed by ``Wait()`` or by polling ``Test()``; or the persistent
 ``*_init`` form, started and waited for) and returns the user's buffers whole:
 the padding around the message and the parts outside the result included.
-`check_against_native` runs each case on ``MPI.COMM_WORLD`` (the oracle), then on
+`check_against_native` runs each case on the MPI library's communicator (the oracle:
+``MPI.COMM_WORLD`` or a communicator of a given size split off it), then on
 `mpidp.Comm`, and compares. Byte for byte by default: the data are small integers
 in every dtype, so the order in which a reduction combines them cannot change a
 bit; to the summation-order tolerance for random floats (``Case.floats``). Where
@@ -20,6 +21,7 @@ as it was, as MPICH (below 512 KiB) and Open MPI (nearly always) do (docs/dropin
 from __future__ import annotations
 
 import array
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,7 +163,7 @@ def call(comm, case: Case, *args, **kwargs) -> None:
         assert request.Wait() is True
     else:
         while not request.Test():
-            pass
+            os.sched_yield()  # ranks share cores: a rank that spins starves its peers
 
 
 def run_case(comm, case: Case) -> list[tuple]:
@@ -273,10 +275,12 @@ def outcome(comm, case: Case):
         return None, e
 
 
-def check_against_native(cases: list[Case], algorithm_key: str, all_algorithms=()) -> None:
-    """Run every case on the native comm, then on mpidp.Comm (every algorithm for the cases
-    in `all_algorithms`, else "auto"); the buffers, or the exception types, must match."""
-    world = MPI.COMM_WORLD
+def check_against_native(cases: list[Case], algorithm_key: str, all_algorithms=(),
+                         world=None) -> None:
+    """Run every case on the native comm `world` (default ``MPI.COMM_WORLD``), then on
+    mpidp.Comm over it (every algorithm for the cases in `all_algorithms`, else "auto");
+    the buffers, or the exception types, must match."""
+    world = MPI.COMM_WORLD if world is None else world
     n, rank = world.Get_size(), world.Get_rank()
     for i, case in enumerate(cases):
         case.seed = i
