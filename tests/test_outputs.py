@@ -232,3 +232,20 @@ def test_resuming_at_an_epochs_end_writes_no_bogus_row(tmp_path, capsys):
     for key in ("loss", "train_acc", "test_acc"):
         assert rows[0][key] == expected[key], key
     assert "epoch   1" not in out, out
+
+
+@pytest.mark.parametrize("text, value", [("auto", "auto"), ("none", None), ("0.5", 0.5)])
+def test_piece_mb_takes_auto_none_or_a_size(text, value):
+    from mpidp.training.trainer import piece_mb
+
+    assert piece_mb(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "inf", "nan", "big"])
+def test_piece_mb_refuses_what_is_not_a_finite_size_above_0(text):
+    import argparse
+
+    from mpidp.training.trainer import piece_mb
+
+    with pytest.raises(argparse.ArgumentTypeError, match="auto, none or a size in MiB above 0"):
+        piece_mb(text)

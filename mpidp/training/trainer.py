@@ -42,16 +42,14 @@ from .zero import HALVES
 
 
 def piece_mb(text: str) -> float | str | None:
-    """An argparse type: "auto", "none", or a size in MiB above 0."""
+    """An argparse type: "auto", "none", or a finite size in MiB above 0."""
     if text in ("auto", "none"):
         return None if text == "none" else text
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: auto, none or a size in MiB above 0")
-    return value
+        return cli.number(float, 0, above=True)(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: auto, none or a size in MiB above 0") from None
 
 
 def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global_batch: int,
