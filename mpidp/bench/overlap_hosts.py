@@ -100,10 +100,11 @@ def overlap_hosts_tables(paths: list[str], base: str = ".") -> list[str]:
     efficiency; then per mode the median and the lowest over the runs, and the bucket
     timeline's medians (buckets but the last complete before backward ends; the last
     one's completion after backward's end, ms)."""
+    from .overlap import BASELINES  # (here: it imports MPI, which the tables need not)
+
     lines = []
     for (hosts, ppn, rate, batch, asynchronous), runs in sorted(groups(paths).items()):
-        modes = [m for m in runs[0][2]["modes"]
-                 if m not in ("compute", "compute+blocks", "serial")]
+        modes = [m for m in runs[0][2]["modes"] if m not in BASELINES]
         lines += [f"**{hosts} hosts x {ppn} rank{'s' * (ppn > 1)}, {rate}, local batch {batch}"
                   f"{', MPIR_CVAR_ASYNC_PROGRESS=1' if asynchronous else ''}**: efficiency "
                   "per run (hidden / hideable, medians of the run's steps):", "",

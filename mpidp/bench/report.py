@@ -375,10 +375,10 @@ def overlap_tables(paths: list[str]) -> list[str]:
 
 def _efficiency(s: dict, mode: str) -> float | None:
     """The JSON's efficiency, or (a run from before it was written) the same from its medians."""
-    from .overlap import efficiency
+    from .overlap import BASELINES, efficiency
 
     m = s["modes"]
-    if mode in ("compute", "compute+blocks", "serial") or not {"compute", "serial"} <= m.keys():
+    if mode in BASELINES or not {"compute", "serial"} <= m.keys():
         return None
     return m[mode].get("efficiency", efficiency(m["serial"], m["compute"], m[mode]))
 
