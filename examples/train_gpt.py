@@ -25,7 +25,6 @@ Flags, paths, checkpoints, deadlines and exit codes behave as train_mlp.py's
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from contextlib import nullcontext
@@ -36,7 +35,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import GPT, ShardSampler, data, trainer
+from mpidp.training import GPT, ShardSampler, data, outputs, trainer
 from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import model_state_bytes
 
@@ -122,8 +121,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
               f"unigram entropy {entropy:.4f} nats/token", flush=True)
         if start_epoch or start_step:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
-    metrics = open(args.metrics, "a" if args.resume else "w") if args.metrics and rank == 0 \
-        else None
+    metrics = outputs.Metrics(args.metrics, rank, args.resume)
     comm.Barrier()
     dog.kick()  # set up: the broadcast of the weights and auto's calibration are done
     if tracer is not None:
@@ -146,9 +144,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         if rank == 0:
             print(f"step {row['step']:5d}  loss {row['loss']:.4f}  val {val:.4f} nats/token "
                   f"(unigram {entropy:.4f})  {row['tokens_per_s']:8.0f} tokens/s", flush=True)
-            if metrics is not None:
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+            metrics.write(row)
         since.update(loss=0.0, steps=0, seconds=0.0)
         dog.kick()
 
@@ -193,8 +189,6 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         save(epoch + 1, 0)
     if last_reported != opt.steps:
         report(epoch)
-    if metrics is not None:
-        metrics.close()
     with ddp.gathered():  # collective: every rank joins, rank 0 samples
         if rank == 0 and args.sample_tokens:
             prompt = list(b"def ")

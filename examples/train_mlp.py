@@ -27,7 +27,6 @@ max(60 s, 10 x the longest seen), see mpidp.watchdog.guard).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from contextlib import nullcontext
@@ -38,7 +37,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import MLP, ShardSampler, data, trainer
+from mpidp.training import MLP, ShardSampler, data, outputs, trainer
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
 
@@ -100,9 +99,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
               + (", deterministic" if args.deterministic else ""))
         if start_epoch or start_step:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}, step {start_step}")
-    metrics = None
-    if args.metrics and rank == 0:
-        metrics = open(args.metrics, "a" if args.resume else "w")
+    metrics = outputs.Metrics(args.metrics, rank, args.resume)
     comm.Barrier()
     dog.kick()  # set up: the broadcast of the weights and auto's calibration are done
     if tracer is not None:
@@ -173,12 +170,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                   f"{row['samples_per_s']:8.0f} samples/s  "
                   f"step ms: fwd {row['forward_ms']:.2f} bwd {row['backward_ms']:.2f} "
                   f"comm {row['exposed_comm_ms']:.2f}", flush=True)
-            if metrics is not None:
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+            metrics.write(row)
         dog.kick()  # the epoch's evaluation, all-reduce and checkpoint are done
-    if metrics is not None:
-        metrics.close()
     trainer.finish(args, ddp, tracer, comm, dog, rank)
     return 0
 

@@ -51,6 +51,15 @@ def target(path: str) -> str:
     return real
 
 
+def temp_name(path: str) -> str:
+    """The shape of the temporary file's name `replace` writes beside `path`'s target
+    (``.NAME.XXXXXXXX.tmp``, the X's random): a trainer checks at start that it fits."""
+    return f"{_TEMP_PREFIX.format(os.path.basename(target(path)))}{'X' * 8}{_TEMP_SUFFIX}"
+
+
+_TEMP_PREFIX, _TEMP_SUFFIX = ".{}.", ".tmp"  # mkstemp puts 8 random characters between
+
+
 def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
     """Write `path` atomically: `write(f)` fills a fresh temporary file beside the target,
     which is then renamed over it (WriteError on any failure; the old file stays)."""
@@ -59,10 +68,10 @@ def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
     if not os.path.isdir(folder):
         raise WriteError(f"{path}: no such folder {folder}")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.",
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=_TEMP_SUFFIX,
+                                   prefix=_TEMP_PREFIX.format(os.path.basename(real)))
     except OSError as e:
-        raise WriteError(f"{path}: cannot create a file in {folder} ({e.strerror})") from None
+        raise _error(f"{path}: cannot create a file in {folder} ({e.strerror})", e) from None
     try:
         with os.fdopen(fd, "w" if text else "wb") as f:
             write(f)
@@ -75,7 +84,7 @@ def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
         os.replace(tmp, real)
     except OSError as e:
         _remove(tmp)
-        raise WriteError(f"{path}: not written ({e.strerror or e})") from None
+        raise _error(f"{path}: not written ({e.strerror or e})", e) from None
     except BaseException:
         _remove(tmp)
         raise
@@ -115,6 +124,13 @@ def append_line(path: str, line: str) -> None:
         raise WriteError(f"{path}: not written ({e.strerror})") from None
     finally:
         os.close(fd)
+
+
+def _error(message: str, cause: OSError) -> WriteError:
+    """A WriteError saying `message`, with the errno of the OSError that caused it."""
+    error = WriteError(message)
+    error.errno = cause.errno  # callers may tell ENOSPC or ENAMETOOLONG apart
+    return error
 
 
 def _ends_with_newline(path: str) -> bool:

@@ -22,6 +22,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+from . import files
+
 COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
 COMM = 1
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
@@ -146,13 +148,14 @@ class Tracer:
         return meta + self.events
 
     def write(self, path: str, comm=None) -> None:
-        """Gather every rank's events to rank 0 (mpi4py object gather) and write `path` there."""
+        """Gather every rank's events to rank 0 (mpi4py object gather) and write `path` there
+        (`files.WriteError` if it cannot be written)."""
         mine = self.chrome_events()
         per_rank = [mine] if comm is None else comm.gather(mine, root=0)
         if comm is None or comm.Get_rank() == 0:
             events = [e for rank_events in per_rank for e in rank_events]
-            with open(path, "w") as f:
-                json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+            # atomically (mpidp.files): a full disk keeps the old trace, never half of one
+            files.write_json(path, {"traceEvents": events, "displayTimeUnit": "ms"})
 
 
 class TraceError(Exception):

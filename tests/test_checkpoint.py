@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -389,5 +390,6 @@ def test_save_syncs_the_data_before_the_rename_and_the_folder_after(tmp_path, mo
     monkeypatch.setattr(os, "replace", record_replace)
     model, opt = trained()
     save(path, model, opt, {"epoch": 1})
-    tmp = f".ck.npz.tmp{os.getpid()}"
+    tmp = events[0][1]  # mkstemp's name beside the target (mpidp.files)
+    assert re.fullmatch(r"\.ck\.npz\.\w{8}\.tmp", tmp), tmp
     assert events == [("fsync", tmp), ("replace", tmp, "ck.npz"), ("fsync", ".")], events

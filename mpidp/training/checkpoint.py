@@ -13,13 +13,13 @@ The layout does not depend on the rank count or the ZeRO stage: a sharded run
 saves ``ddp.full_optimizer()``, every rank's shard gathered, so a checkpoint of
 any run loads into any other (`zero.py` takes each rank's shard on load).
 
-Rank 0 writes to a temporary file beside the target, fsyncs it, renames it
-over the target and fsyncs the folder: a crash leaves the old checkpoint or the
-new one, never half of one, and a reader that has the old one open keeps it.
+Rank 0 writes it with `mpidp.files.replace`: a temporary file that mkstemp
+creates beside the target (a random name, never through a planted link), fsynced,
+renamed over the target, the folder fsynced. A crash leaves the old checkpoint or
+the new one, never half of one, and a reader that has the old one open keeps it.
 A path that is a symlink is resolved first: the file it points to is replaced
-(the temporary file goes beside that one, a rename being atomic only within a
-file system) and the link stays. `temp_path` names the temporary file, so that
-a trainer can check at start that its name fits (`outputs.check`).
+and the link stays. A target that is not a regular file (a device, a FIFO) is
+refused, never replaced.
 
 `load` checks the whole file before it changes anything: the format version,
 every expected entry present and no other, each entry's shape and dtype, the
@@ -37,6 +37,7 @@ import zlib
 
 import numpy as np
 
+from .. import files
 from ..arrays import as_host
 
 FORMAT = 2  # 2: the optimizer's name; format 1 files (SGD) still load
@@ -49,16 +50,9 @@ class CheckpointError(Exception):
     """The checkpoint cannot be used: missing, corrupt, truncated, or for another model."""
 
 
-def temp_path(path: str, pid: int | None = None) -> str:
-    """The temporary file `save` writes before renaming it over `path`'s target: beside
-    the file a symlink points to, not beside the link (`pid`: the writer's, default ours)."""
-    target = os.path.realpath(path)
-    pid = os.getpid() if pid is None else pid
-    return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp{pid}")
-
-
 def save(path: str, model, optimizer, state: dict) -> None:
-    """Write `path` atomically (through a symlink: its target, the link kept).
+    """Write `path` atomically (through a symlink: its target, the link kept; a
+    `files.WriteError` if it cannot be written, the old file kept).
 
     Args:
         state: integers such as epoch, step, seed, global_batch.
@@ -70,22 +64,7 @@ def save(path: str, model, optimizer, state: dict) -> None:
     arrays.update({f"optim/{k}": as_host(v) if hasattr(v, "dtype") else np.array(v)
                    for k, v in optimizer.state_dict().items()})
     arrays.update({f"state/{k}": np.array(v) for k, v in state.items()})
-    tmp = temp_path(path)
-    target, directory = os.path.realpath(path), os.path.dirname(tmp)
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the name points at it
-        os.replace(tmp, target)  # atomic on POSIX: readers see the old file or the new one
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
+    files.replace(path, lambda f: np.savez(f, **arrays))
 
 
 # ---------------------------------------------------------------- reading, checked
