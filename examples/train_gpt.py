@@ -35,7 +35,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import GPT, ShardSampler, data, outputs, trainer
+from mpidp.training import GPT, ShardSampler, data, outputs, resume, trainer
 from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import model_state_bytes
 
@@ -87,6 +87,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     n_train = data.sequences(text.train, T)
     n_val = min(data.sequences(text.val, T), args.eval_tokens // T or 1)
     val_seqs = np.arange(rank, n_val, size)  # my share of the held-out samples
+    sampler = None
     try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
         A = trainer.micro_batches(args, size)
         sampler = ShardSampler(n_train, args.global_batch, rank, size, args.seed, A)
@@ -95,15 +96,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     model = GPT(len(text.vocab), T, args.layers, args.heads, args.width, args.dtype,
                 seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
-    start_epoch, start_step = trainer.start_from(args, comm, model, opt, problem, PROG)
+    run = resume.settings(args, corpus_mb=args.corpus_mb, corpus=text.fingerprint(),
+                          context=T, layers=args.layers, heads=args.heads, width=args.width)
+    start_epoch, start_step = resume.start_from(args, comm, model, opt, problem, PROG, run,
+                                                sampler and sampler.steps_per_epoch)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step
         start_epoch, start_step = start_epoch + 1, 0
-    if start_epoch >= args.epochs or (args.max_steps and opt.steps >= args.max_steps):
-        if rank == 0:
-            print(f"{PROG}: nothing to do: {args.checkpoint} is at step {opt.steps}, "
-                  f"epoch {start_epoch}; --epochs {args.epochs}, --max-steps "
-                  f"{args.max_steps} ask for no more", flush=True)
-        return 0
+    if args.resume and resume.nothing_to_do(args, start_epoch, start_step, opt.steps, PROG,
+                                            rank):
+        return 0  # every rank read the same checkpoint: all return here
     tracer = Tracer(rank) if args.trace else None
     P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
@@ -126,7 +127,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     dog.kick()  # set up: the broadcast of the weights and auto's calibration are done
     if tracer is not None:
         tracer.reset_clock()
-    save = trainer.Saver(args, ddp, opt, rank)
+    save = trainer.Saver(args, ddp, opt, rank, run)
     since = {"loss": 0.0, "steps": 0, "seconds": 0.0}  # since the last row
 
     def report(epoch: int) -> None:

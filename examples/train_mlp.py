@@ -37,7 +37,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import MLP, ShardSampler, data, outputs, trainer
+from mpidp.training import MLP, ShardSampler, data, outputs, resume, trainer
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import array_module, softmax_cross_entropy
 
@@ -68,6 +68,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     x_train, y_train = xp.asarray(ds.x_train.astype(dtype)), xp.asarray(ds.y_train)
     x_test, y_test = ds.x_test[rank::size].astype(dtype), ds.y_test[rank::size]  # my test shard
     x_test, y_test = xp.asarray(x_test), xp.asarray(y_test)
+    sampler = None
     try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
         A = trainer.micro_batches(args, size)
         sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed, A)
@@ -76,16 +77,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     sizes = [ds.features, *args.hidden, ds.classes]
     model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
-    start_epoch, start_step = trainer.start_from(args, comm, model, opt, problem, PROG)
+    run = resume.settings(args, data=args.data, hidden=args.hidden,
+                          activation=args.activation)
+    start_epoch, start_step = resume.start_from(args, comm, model, opt, problem, PROG, run,
+                                                sampler and sampler.steps_per_epoch)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step, before
         start_epoch, start_step = start_epoch + 1, 0  # its row: no step of it is left
-    if start_epoch >= args.epochs:  # every rank read the same checkpoint: all return here
-        if rank == 0:
-            where = (f"the end of epoch {start_epoch}" if start_step == 0 else
-                     f"step {start_step} of epoch {start_epoch + 1}")
-            print(f"{PROG}: nothing to do: {args.checkpoint} is at {where}, and --epochs "
-                  f"{args.epochs} asks for no more", flush=True)
-        return 0
+    if args.resume and resume.nothing_to_do(args, start_epoch, start_step, opt.steps, PROG,
+                                            rank):
+        return 0  # every rank read the same checkpoint: all return here
     tracer = Tracer(rank) if args.trace else None
     P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
@@ -105,7 +105,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     if tracer is not None:
         tracer.reset_clock()
 
-    save = trainer.Saver(args, ddp, opt, rank)
+    save = trainer.Saver(args, ddp, opt, rank, run)
 
     stop = False
     for epoch in range(start_epoch, args.epochs):

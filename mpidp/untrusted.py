@@ -65,6 +65,18 @@ def read_json(path: str, max_bytes: int):
         raise InputError(f"{path}: not valid JSON ({_one_line(e)})") from None
 
 
+def parse_json(text: str, where: str):
+    """The JSON value of `text` (a string read from elsewhere, such as a checkpoint's entry):
+    InputError, naming `where`, if it is not JSON or nested more than `MAX_DEPTH` deep."""
+    raw = text.encode("utf-8", errors="surrogatepass")
+    if _depth(raw) > MAX_DEPTH:
+        raise InputError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{where}: not valid JSON ({_one_line(e)})") from None
+
+
 def _no_constant(name: str):
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 

@@ -230,7 +230,7 @@ BROKEN = {  # what is changed -> what the error says
     "sizes missing": (lambda a: a.pop("sizes"), "sizes missing"),
     "activation missing": (lambda a: a.pop("activation"), "activation missing"),
     "dtype missing": (lambda a: a.pop("dtype"), "dtype missing"),
-    "format version": (lambda a: a.update({"format": np.array(3)}), "format 3"),
+    "format version": (lambda a: a.update({"format": np.array(4)}), "format 4"),
     "optimizer missing": (lambda a: a.pop("optimizer"), "optimizer missing"),
     "another optimizer": (lambda a: a.update({"optimizer": np.array("adam")}),
                           "optimizer adam vs sgd"),
@@ -393,3 +393,121 @@ def test_save_syncs_the_data_before_the_rename_and_the_folder_after(tmp_path, mo
     tmp = events[0][1]  # mkstemp's name beside the target (mpidp.files)
     assert re.fullmatch(r"\.ck\.npz\.\w{8}\.tmp", tmp), tmp
     assert events == [("fsync", tmp), ("replace", tmp, "ck.npz"), ("fsync", ".")], events
+
+
+# ---------------------------------------------------------------- what a resume must match
+
+
+def run(argv, capsys):
+    """(exit code, stdout, stderr) of train_mlp.py's main in this process, on one rank."""
+    capsys.readouterr()
+    try:
+        code = trainer().main([*map(str, argv)])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+TINY = ["--global-batch", "960", "--hidden", "8", "--progress", "never", "--data", "synthetic"]
+
+
+@pytest.mark.parametrize("changed, says", [
+    (["--deterministic", "--micro-batch", "16"], ["micro_batch=8, this run has 16"]),
+    ([], ["deterministic=True, this run has False"]),
+    (["--deterministic", "--lr", "0.1"], ["lr=0.05, this run has 0.1"]),
+    (["--deterministic", "--momentum", "0.5", "--weight-decay", "0"],
+     ["momentum=0.9, this run has 0.5", "weight_decay=0.0001, this run has 0.0"]),
+])
+def test_resume_refuses_each_setting_that_would_change_the_result(tmp_path, capsys, changed,
+                                                                  says):
+    """Before: a changed --micro-batch, a resume without --deterministic, another --lr...
+    trained on from the checkpoint, exit 0, and the bits then differed from the run never
+    interrupted. Now each is named, in one line, exit 2, the checkpoint untouched."""
+    ck = tmp_path / "ck.npz"
+    assert run([*TINY, "--epochs", 1, "--deterministic", "--checkpoint", ck], capsys)[0] == 0
+    saved = ck.read_bytes()
+    code, out, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume", *changed],
+                         capsys)
+    assert code == 2, (code, out, err)
+    assert len(err.splitlines()) == 1 and err.startswith("train_mlp.py: error: "), err
+    for s in says:
+        assert s in err, err
+    assert ck.read_bytes() == saved
+    code, _, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume", "--deterministic"],
+                       capsys)
+    assert code == 0, err  # the same settings resume
+
+
+def test_settings_that_do_not_change_the_result_may_change_on_resume(tmp_path, capsys):
+    """The rank count, buckets, algorithm, ZeRO stage and overlap change no bit under
+    --deterministic (test_determinism.py): they are not recorded, a resume may change them."""
+    ck = tmp_path / "ck.npz"
+    assert run([*TINY, "--epochs", 1, "--deterministic", "--checkpoint", ck], capsys)[0] == 0
+    code, _, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume", "--deterministic",
+                        "--bucket-mb", "0", "--algorithm", "ring", "--no-overlap",
+                        "--zero", "1"], capsys)
+    assert code == 0, err
+
+
+def _as_format_2(path):
+    """Rewrite the checkpoint at `path` as the last mpidp wrote it: format 2, its data order
+    in state/ (seed, global_batch, accum_steps), no settings."""
+    arrays = read(path)
+    settings = json.loads(str(arrays.pop("settings")))
+    arrays["format"] = np.array(2)
+    for key in ("seed", "global_batch", "accum_steps"):
+        arrays[f"state/{key}"] = np.array(settings[key])
+    np.savez(path, **arrays)
+
+
+def test_a_format_2_checkpoint_resumes_with_a_note_of_what_it_does_not_record(tmp_path, capsys):
+    ck = tmp_path / "ck.npz"
+    assert run([*TINY, "--epochs", 1, "--checkpoint", ck], capsys)[0] == 0
+    _as_format_2(str(ck))
+    code, out, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume",
+                          "--global-batch", "480"], capsys)
+    assert code == 2 and "global_batch=960, this run has 480" in err, err
+    code, out, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume"], capsys)
+    assert code == 0, err
+    [note] = [line for line in out.splitlines() if "format 2" in line]
+    assert "does not record" in note and "lr" in note and "deterministic" in note, note
+    assert int(read(str(ck))["format"]) == 3  # the next save is today's format
+
+
+def _edit(path, **state):
+    arrays = read(path)
+    arrays.update({k.replace("__", "/"): np.array(v) for k, v in state.items()})
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"state__step": -3}, "state/step: -3 is out of range"),
+    ({"state__epoch": -1}, "state/epoch: -1 is out of range"),
+    ({"state__step": 10**6}, "step 1000000"),
+    ({"optim__steps": -2}, "optim/steps: -2 is out of range"),
+    ({"optim__steps": 5}, "optim/steps"),
+    ({"state__step": True}, "state/step: True is not a whole number"),
+])
+def test_checkpoint_integers_out_of_range_are_refused_in_one_line(tmp_path, capsys, edit, says):
+    """Before: step=-3 trained from step -3, step=10**6 wrote an epoch row of loss 0.0,
+    epoch=-1 ended in a traceback."""
+    ck, metrics = tmp_path / "ck.npz", tmp_path / "m.jsonl"
+    assert run([*TINY, "--epochs", 1, "--max-steps", 2, "--checkpoint", ck], capsys)[0] == 0
+    _edit(str(ck), **edit)
+    code, out, err = run([*TINY, "--epochs", 2, "--checkpoint", ck, "--resume",
+                          "--metrics", metrics], capsys)
+    assert code == 2, (code, out, err)
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not metrics.exists() or metrics.read_text() == ""
+
+
+def test_resuming_at_max_steps_runs_no_more_step(tmp_path, capsys):
+    """Before: train_mlp.py resumed at --max-steps ran one more step (and saved it)."""
+    ck = tmp_path / "ck.npz"
+    assert run([*TINY, "--max-steps", 3, "--checkpoint", ck], capsys)[0] == 0
+    saved = ck.read_bytes()
+    code, out, err = run([*TINY, "--max-steps", 3, "--checkpoint", ck, "--resume"], capsys)
+    assert code == 0, err
+    assert out.startswith("train_mlp.py: nothing to do: ") and "--max-steps 3" in out, out
+    assert len(out.splitlines()) == 1 and ck.read_bytes() == saved

@@ -97,3 +97,18 @@ def test_an_existing_checkpoint_needs_resume_or_overwrite(tmp_path, capsys):
     ck.write_bytes(b"old")
     code, _, err = run(["--max-steps", "1", "--checkpoint", ck], capsys)
     assert code == 2 and "--overwrite" in err and ck.read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("changed, says", [
+    (["--corpus-mb", "0.021"], ["corpus_mb=0.02, this run has 0.021", "corpus='"]),
+    (["--lr", "0.01", "--beta2", "0.99"], ["lr=0.003, this run has 0.01", "beta2=0.999"]),
+])
+def test_resume_refuses_another_corpus_or_optimizer_setting(tmp_path, capsys, changed, says):
+    """Before: a different --corpus-mb (another corpus, vocabulary and split; none of them
+    in the checkpoint) resumed with exit 0, and the bits differed from one run."""
+    ck = tmp_path / "ck.npz"
+    assert run(["--max-steps", "2", "--checkpoint", ck], capsys)[0] == 0
+    code, _, err = run(["--max-steps", "4", "--checkpoint", ck, "--resume", *changed], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    for s in says:
+        assert s in err, err

@@ -7,7 +7,10 @@ Contents (every entry a plain array, so loading never unpickles):
     param/W1, param/b1, ...               the parameters, by their stable names
     optim/steps, optim/velocity/W1, ...   the optimizer state (Adam: optim/exp_avg/W1,
                                           optim/exp_avg_sq/W1, ...), whole, by name
-    state/epoch, state/step, ...          integers: where training stands, the data-order seed
+    state/epoch, state/step               integers: where training stands (format 2: also
+                                          seed, global_batch, accum_steps)
+    settings                              JSON text (format 3): every setting that changes
+                                          what the run computes (the trainer's choice)
 
 The layout does not depend on the rank count or the ZeRO stage: a sharded run
 saves ``ddp.full_optimizer()``, every rank's shard gathered, so a checkpoint of
@@ -22,40 +25,43 @@ and the link stays. A target that is not a regular file (a device, a FIFO) is
 refused, never replaced.
 
 `load` checks the whole file before it changes anything: the format version,
-every expected entry present and no other, each entry's shape and dtype, the
-scalars. Each entry's size is checked from the zip directory and its ``.npy``
-header before its data is decompressed, so a small file cannot make the loader
-allocate a large array. Every problem, a truncated or corrupt file included
-(the zip CRC catches flipped bits), is a `CheckpointError`.
+every expected entry present and no other, each entry's shape and dtype (from
+the zip directory and the ``.npy`` headers, before any data is decompressed:
+`npz.py`), the scalars (every integer in range, through `mpidp.untrusted`), and
+the recorded settings against the run's (each one that differs is named). Every
+problem, a truncated or corrupt file included (the zip CRC catches flipped
+bits), is a `CheckpointError`.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import zipfile
-import zlib
 
 import numpy as np
 
-from .. import files
+from .. import files, untrusted
 from ..arrays import as_host
+from .npz import MAX_HEADER, MAX_SCALAR, CheckpointError, array, header, members, open_zip, small
 
-FORMAT = 2  # 2: the optimizer's name; format 1 files (SGD) still load
-READABLE = (1, 2)
-MAX_HEADER = 4096  # bytes; numpy writes 128-byte .npy headers for arrays like ours
-MAX_SCALAR = 1024  # bytes of a whole entry holding a number, a name or the layer sizes
+FORMAT = 3  # 3: the run's settings; 2: the optimizer's name; 1: SGD. All three load
+READABLE = (1, 2, 3)
+LEGACY = ("seed", "global_batch", "accum_steps")  # the settings format 2 kept in state/
+MAX_SETTINGS = 1 << 16  # bytes of the settings entry (JSON text, 4 bytes a character)
+COUNT = untrusted.Int(0, 1 << 53)  # a state integer or the optimizer's step count
+SETTING = untrusted.Either((untrusted.Null(), untrusted.Bool(), untrusted.Int(),
+                            untrusted.Num(finite=False), untrusted.Text(256),
+                            untrusted.List(untrusted.Int(), max_len=64)))
 
 
-class CheckpointError(Exception):
-    """The checkpoint cannot be used: missing, corrupt, truncated, or for another model."""
-
-
-def save(path: str, model, optimizer, state: dict) -> None:
+def save(path: str, model, optimizer, state: dict, settings: dict | None = None) -> None:
     """Write `path` atomically (through a symlink: its target, the link kept; a
     `files.WriteError` if it cannot be written, the old file kept).
 
     Args:
-        state: integers such as epoch, step, seed, global_batch.
+        state: integers such as epoch and step.
+        settings: names -> numbers, strings, booleans, None or lists of integers: what
+            `load` compares with the resuming run's.
     """
     arrays = {"format": np.array(FORMAT), "sizes": np.array(model.sizes, dtype=np.int64),
               "activation": np.array(model.activation), "dtype": np.array(str(model.dtype)),
@@ -64,73 +70,19 @@ def save(path: str, model, optimizer, state: dict) -> None:
     arrays.update({f"optim/{k}": as_host(v) if hasattr(v, "dtype") else np.array(v)
                    for k, v in optimizer.state_dict().items()})
     arrays.update({f"state/{k}": np.array(v) for k, v in state.items()})
+    arrays["settings"] = np.array(json.dumps(settings or {}, sort_keys=True))
     files.replace(path, lambda f: np.savez(f, **arrays))
 
 
 # ---------------------------------------------------------------- reading, checked
 
 
-def _open(path: str) -> zipfile.ZipFile:
-    if not os.path.exists(path):
-        raise CheckpointError(f"{path}: no such checkpoint")
-    try:
-        return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({e})") from e
-
-
-def _entries(z: zipfile.ZipFile, path: str) -> dict[str, zipfile.ZipInfo]:
-    """Entry name (no ``.npy``) -> its zip member; nothing is decompressed."""
-    entries = {}
-    for info in z.infolist():
-        if not info.filename.endswith(".npy"):
-            raise CheckpointError(f"{path}: unexpected member {info.filename!r}")
-        entries[info.filename[:-4]] = info
-    return entries
-
-
-def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tuple[tuple, np.dtype]:
-    """An entry's shape and dtype from its .npy header, which is all that is decompressed."""
-    name = info.filename[:-4]
-    try:
-        with z.open(info) as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f, MAX_HEADER)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f, MAX_HEADER)
-            else:
-                raise ValueError(f".npy format {version}")
-            header = f.tell()
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
-        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({name}: {e})") from e
-    if dtype.hasobject:
-        raise CheckpointError(f"{path}: {name} holds Python objects; a checkpoint holds "
-                              "plain arrays only")
-    if info.file_size != header + int(np.prod(shape)) * dtype.itemsize:
-        raise CheckpointError(f"{path}: corrupt checkpoint ({name}: {info.file_size} bytes "
-                              f"for a {dtype} array of shape {shape})")
-    return shape, dtype
-
-
-def _array(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> np.ndarray:
-    """An entry's data, decompressed and CRC-checked (its header was checked already)."""
-    try:
-        with z.open(info) as f:
-            a = np.lib.format.read_array(f, allow_pickle=False, max_header_size=MAX_HEADER)
-            f.read(1)  # reach the end of the member: zipfile checks the CRC there
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
-        raise CheckpointError(f"{path}: corrupt or truncated checkpoint "
-                              f"({info.filename[:-4]}: {e})") from e
-    return a
-
-
 def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> int:
     info = entries.get("format")
     if info is None or info.file_size > MAX_SCALAR:
         raise CheckpointError(f"{path}: not an mpidp checkpoint (no format entry)")
-    shape, dtype = _header(z, info, path)
-    version = _array(z, info, path)
+    shape, dtype = header(z, info, path)
+    version = array(z, info, path)
     if shape != () or dtype.kind not in "iu" or int(version) not in READABLE:
         raise CheckpointError(f"{path}: checkpoint format {version.tolist()}; this mpidp "
                               f"reads formats {READABLE}")
@@ -139,33 +91,19 @@ def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> int:
 
 def read(path: str) -> dict:
     """Every array of the checkpoint, read and CRC-checked; CheckpointError if unreadable."""
-    with _open(path) as z:
-        entries = _entries(z, path)
+    with open_zip(path) as z:
+        entries = members(z, path)
         _check_format(z, entries, path)
         for info in entries.values():
-            _header(z, info, path)
-        return {name: _array(z, info, path) for name, info in entries.items()}
-
-
-def _small(z: zipfile.ZipFile, entries: dict, name: str, path: str) -> np.ndarray | None:
-    """A number, a name or the layer sizes: read at once, its size bounded first."""
-    info = entries.get(name)
-    if info is None:
-        return None
-    if info.file_size > MAX_SCALAR:
-        raise CheckpointError(f"{path}: {name} has {info.file_size} bytes, at most "
-                              f"{MAX_SCALAR} expected")
-    shape, dtype = _header(z, info, path)
-    if len(shape) > 1 or dtype.kind not in "iubU":
-        raise CheckpointError(f"{path}: {name} is a {dtype} array of shape {shape}")
-    return _array(z, info, path)
+            header(z, info, path)
+        return {name: array(z, info, path) for name, info in entries.items()}
 
 
 def _check_model(z: zipfile.ZipFile, entries: dict, path: str, model, optimizer,
                  version: int) -> None:
     """Layer sizes, activation, dtype and optimizer, compared before anything else is read."""
     names = ("sizes", "activation", "dtype", "optimizer")[:3 if version == 1 else 4]
-    got = {k: _small(z, entries, k, path) for k in names}
+    got = {k: small(z, entries, k, path) for k in names}
     missing = [k for k, v in got.items() if v is None]
     if missing:
         raise CheckpointError(f"{path}: not a whole checkpoint ({', '.join(missing)} missing)")
@@ -209,22 +147,67 @@ def _problem(name: str, shape: tuple, dtype: np.dtype, like) -> str | None:
     return None
 
 
-def load(path: str, model, optimizer, state_keys=None) -> dict:
+def version(path: str) -> int:
+    """The checkpoint's format (CheckpointError if it is not a readable checkpoint)."""
+    with open_zip(path) as z:
+        return _check_format(z, members(z, path), path)
+
+
+def _checked(value, schema, name: str, path: str):
+    try:
+        return untrusted.check(value, schema, name)
+    except untrusted.InputError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _settings(z: zipfile.ZipFile, info: zipfile.ZipInfo | None, path: str) -> dict:
+    """The recorded settings (format 3): JSON text, its size and every value checked."""
+    if info is None or info.file_size > MAX_SETTINGS:
+        raise CheckpointError(f"{path}: settings missing or over {MAX_SETTINGS} bytes")
+    shape, dtype = header(z, info, path)
+    if shape != () or dtype.kind != "U":
+        raise CheckpointError(f"{path}: settings: {dtype} of shape {shape}, expected text")
+    try:
+        value = untrusted.parse_json(str(array(z, info, path)), "settings")
+    except untrusted.InputError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    value = _checked(value, untrusted.Record(), "settings", path)
+    return {k: _checked(v, SETTING, f"settings.{k}", path) for k, v in value.items()}
+
+
+def _differences(path: str, recorded: dict, settings: dict, version: int) -> None:
+    """CheckpointError naming each of the run's `settings` that the file records otherwise."""
+    mine = json.loads(json.dumps(settings))  # tuples as lists, as the file holds them
+    differ = [f"{k}={recorded[k]!r}, this run has {v!r}" if k in recorded else
+              f"{k} not recorded" for k, v in mine.items()
+              if (k in recorded or version >= 3) and recorded.get(k) != v]
+    if differ:
+        raise CheckpointError(f"{path} was written with " + "; ".join(differ)
+                              + ": resuming would not continue that run")
+
+
+def load(path: str, model, optimizer, state_keys=None, settings: dict | None = None) -> dict:
     """Restore the model and the optimizer from `path`; return the saved `state`.
 
     The whole file is checked first; on any problem, CheckpointError and nothing changed.
 
     Args:
         state_keys: the ``state/`` entries there must be (None: any, each an integer).
+        settings: the run's settings, compared with the recorded ones (format 2 records
+            only `LEGACY`'s, in state/: those are compared, the others cannot be).
     """
-    with _open(path) as z:
-        entries = _entries(z, path)
+    with open_zip(path) as z:
+        entries = members(z, path)
         version = _check_format(z, entries, path)
         _check_model(z, entries, path, model, optimizer, version)
-        steps = _small(z, entries, "optim/steps", path)  # what the optimizer holds depends on it
-        steps = int(steps) if steps is not None and steps.shape == () else 0
+        steps = small(z, entries, "optim/steps", path)  # what the optimizer holds depends on it
+        steps = _checked(steps.item(), COUNT, "optim/steps", path) \
+            if steps is not None and steps.shape == () else 0
+        if version < 3 and settings is not None and state_keys is not None:
+            state_keys = [*state_keys, *(k for k in LEGACY if f"state/{k}" in entries)]
         expect = _expected(entries, model, optimizer, steps, state_keys)
-        checked = ("format", "sizes", "activation", "dtype", "optimizer")[:4 + (version > 1)]
+        checked = ("format", "sizes", "activation", "dtype", "optimizer",
+                   "settings")[:4 + (version > 1) + (version > 2)]
         expect.update({k: None for k in checked})
         problems = [f"{k}: missing" for k in expect if k not in entries]
         problems += [f"{k}: not expected" for k in entries if k not in expect]
@@ -237,15 +220,23 @@ def load(path: str, model, optimizer, state_keys=None) -> dict:
             if info.file_size > most:  # refused before any of it is decompressed
                 problems.append(f"{name}: {info.file_size} bytes, at most {most} expected")
             else:
-                problems.append(_problem(name, *_header(z, info, path), like))
+                problems.append(_problem(name, *header(z, info, path), like))
         problems = [p for p in problems if p]
         if problems:
             raise CheckpointError(f"{path} does not fit this model and optimizer: "
                                   + "; ".join(problems))
-        data = {name: _array(z, info, path) for name, info in entries.items()}
+        recorded = _settings(z, entries.get("settings"), path) if version > 2 else {}
+        data = {name: array(z, info, path) for name, info in entries.items()
+                if name != "settings"}
+    state = {k[len("state/"):]: _checked(v.item(), COUNT, k, path)
+             for k, v in data.items() if k.startswith("state/")}
+    if settings is not None:
+        if version < 3:
+            recorded = {k: state[k] for k in LEGACY if k in state}
+        _differences(path, recorded, settings, version)
     xp = model.xp
     for name, p in model.params.items():
         p[...] = xp.asarray(data[f"param/{name}"])  # in place: views and references stay valid
     optimizer.load_state_dict({k[len("optim/"):]: v for k, v in data.items()
                                if k.startswith("optim/")}, xp=xp)
-    return {k[len("state/"):]: v.item() for k, v in data.items() if k.startswith("state/")}
+    return state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -85,6 +86,15 @@ class Text(NamedTuple):
 
     def decode(self, ids) -> str:
         return bytes(self.vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> str:
+        """The corpus in a few words: its size, vocabulary and a CRC-32 of its tokens (what a
+        checkpoint records: another Python's standard library gives another corpus)."""
+        crc = zlib.crc32(self.vocab)
+        for part in (self.train, self.val):
+            crc = zlib.crc32(np.ascontiguousarray(part, dtype=np.int64).tobytes(), crc)
+        return (f"{len(self.train)} + {len(self.val)} tokens, {len(self.vocab)} in the "
+                f"vocabulary, crc32 {crc:08x}")
 
     def unigram_entropy(self) -> float:
         """H = -sum p log p of the training split's byte frequencies, in nats per token.

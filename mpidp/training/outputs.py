@@ -17,8 +17,8 @@ or would destroy another:
 - an existing checkpoint that neither ``--resume`` nor ``--overwrite`` lets the
   run replace.
 
-It is the writer's check (rank 0's); a trainer hands the problem to `mpidp.cli.agree`, so that every rank exits with
-code 2 together, before any work::
+It is the writer's check (rank 0's); a trainer hands the problem to
+`mpidp.cli.agree`, so that every rank exits with code 2 together, before any work::
 
     problem = outputs.check({"--metrics": args.metrics, "--trace": args.trace,
                              "--checkpoint": args.checkpoint}, checkpoint="--checkpoint",

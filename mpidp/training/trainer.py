@@ -13,7 +13,8 @@ data and what they measure; the rest is here, once:
   `--dtype`, `--progress`, ...) and `checked` the rules between them, so that a
   bad command line is one line on rank 0 and exit code 2 on every rank;
 - `problems` finds, on rank 0, an output file that could not be written (`outputs`);
-- `resume` loads a checkpoint written with the same data order, or says why not;
+- `resume.start_from` (its own module) loads a checkpoint written by the same run, or
+  says why not;
 - `data_parallel` builds `DataParallel` from the flags; `Saver` writes checkpoints
   (the ZeRO shards gathered first: a collective); `end_step` is what follows each
   optimizer step (watchdog, trace, replica check, checkpoint, the stop at `--max-steps`);
@@ -34,7 +35,6 @@ from mpi4py import MPI
 from .. import cli, config, watchdog
 from ..collectives import ALGORITHMS
 from . import checkpoint, outputs
-from .checkpoint import CheckpointError
 from .ddp import DataParallel
 from .determinism import default_micro_batch, micro_shards
 from .optim import OPTIMIZERS, SGD
@@ -168,40 +168,6 @@ def problems(args: argparse.Namespace, rank: int) -> str | None:
                          replace=args.resume or args.overwrite)
 
 
-def run_state(args: argparse.Namespace) -> dict:
-    """What fixes the data order: a checkpoint resumes only a run with the same."""
-    return {"seed": args.seed, "global_batch": args.global_batch,
-            "accum_steps": args.accum_steps}
-
-
-def resume(path: str, model, opt, state: dict) -> tuple[int, int]:
-    """Load `path` into the model and optimizer; the epoch and step it was saved at."""
-    saved = checkpoint.load(path, model, opt, state_keys=[*state, "epoch", "step"])
-    for key, value in state.items():
-        if saved[key] != value:
-            raise CheckpointError(f"{path} was written with {key}={saved[key]}, this run has "
-                                  f"{value}: the data order would differ")
-    return saved["epoch"], saved["step"]
-
-
-def start_from(args: argparse.Namespace, comm, model, opt, problem: str | None,
-               prog: str) -> tuple[int, int]:
-    """The epoch and step training starts at: (0, 0), or with --resume the checkpoint's.
-
-    A collective: `problem` (rank 0's check of its outputs, a bad --global-batch) or a
-    checkpoint that cannot be resumed ends every rank with exit code 2 (`cli.agree`)
-    before anything is trained or written.
-    """
-    start_epoch, start_step = 0, 0
-    if args.resume and problem is None:  # every rank reads the same file
-        try:
-            start_epoch, start_step = resume(args.checkpoint, model, opt, run_state(args))
-        except CheckpointError as e:
-            problem = str(e)
-    cli.agree(comm, problem, prog)
-    return start_epoch, start_step
-
-
 def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
     """`DataParallel` (with --zero, ZeRO's reducer) as the flags ask."""
     return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
@@ -246,10 +212,13 @@ def end_step(args: argparse.Namespace, ddp: DataParallel, dog, tracer, started: 
 
 
 class Saver:
-    """``save(epoch, step)``: the checkpoint of `ddp`'s model, written by rank 0 (collective)."""
+    """``save(epoch, step)``: the checkpoint of `ddp`'s model, written by rank 0 (collective),
+    recording the run's `settings` (`resume.settings`)."""
 
-    def __init__(self, args: argparse.Namespace, ddp: DataParallel, opt, rank: int):
+    def __init__(self, args: argparse.Namespace, ddp: DataParallel, opt, rank: int,
+                 settings: dict):
         self.args, self.ddp, self.opt, self.rank = args, ddp, opt, rank
+        self.settings = settings
 
     def __call__(self, epoch: int, step: int) -> None:
         if not self.args.checkpoint:
@@ -258,7 +227,7 @@ class Saver:
         with self.ddp.gathered():  # --zero 3: the parameters too (collective)
             if self.rank == 0:
                 checkpoint.save(self.args.checkpoint, self.ddp.model, whole,
-                                {**run_state(self.args), "epoch": epoch, "step": step})
+                                {"epoch": epoch, "step": step}, self.settings)
 
 
 class Progress:
