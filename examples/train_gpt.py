@@ -42,6 +42,7 @@ from mpidp.training.memory import model_state_bytes
 PROG = "train_gpt.py"
 DEFAULT_LR = {"sgd": 0.3, "adam": 3e-3, "adamw": 3e-3}
 MiB = 1 << 20
+CORPUS_MB = (1 / 1024, 1024.0)  # 1 KiB to 1 GiB (the standard library holds some 30 MiB)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-tokens", type=cli.number(int, 0), default=200,
                    help="tokens to generate at the end (0: none)")
     args = trainer.checked(p, argv)
+    if not CORPUS_MB[0] <= args.corpus_mb <= CORPUS_MB[1]:
+        p.error(f"--corpus-mb {args.corpus_mb:g}: from {CORPUS_MB[0]:g} (1 KiB) to "
+                f"{CORPUS_MB[1]:g} MiB")
     if args.width % args.heads:
         p.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
     return args
@@ -87,6 +91,11 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     n_train = data.sequences(text.train, T)
     n_val = min(data.sequences(text.val, T), args.eval_tokens // T or 1)
     val_seqs = np.arange(rank, n_val, size)  # my share of the held-out samples
+    if n_val == 0:  # no held-out sequence: every val_loss would read 0.0
+        problem = problem or (f"--corpus-mb {args.corpus_mb:g}: its held-out tail of "
+                              f"{len(text.val)} tokens holds no sample of --context {T} "
+                              "tokens (and its target): use a larger --corpus-mb or a smaller "
+                              "--context")
     sampler = None
     try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
         A = trainer.micro_batches(args, size)

@@ -112,3 +112,22 @@ def test_resume_refuses_another_corpus_or_optimizer_setting(tmp_path, capsys, ch
     assert code == 2 and len(err.splitlines()) == 1, err
     for s in says:
         assert s in err, err
+
+
+def test_a_corpus_too_small_for_any_held_out_sequence_is_refused(tmp_path, capsys):
+    """Before: 0 held-out sequences, and every row said val_loss 0.0000, on screen and in
+    --metrics, as if the model were perfect."""
+    m = tmp_path / "m.jsonl"
+    code, out, err = run(["--corpus-mb", "0.001", "--context", "128", "--max-steps", "1",
+                          "--metrics", m], capsys)
+    assert code == 2, (code, out, err)
+    assert len(err.splitlines()) == 1 and "held-out" in err and "--context 128" in err, err
+    assert "val 0.0000" not in out and not (m.exists() and m.read_text())
+
+
+@pytest.mark.parametrize("mb", ["1e-9", "1e9", "0.0001"])
+def test_corpus_sizes_out_of_bounds_are_a_usage_error(mb, capsys):
+    """Before: 1e-9 ended in a ValueError traceback, 1e9 in a MemoryError."""
+    code, out, err = run(["--corpus-mb", mb, "--max-steps", "1"], capsys)
+    assert code == 2, (code, out, err)
+    assert err.startswith("train_gpt.py: error: --corpus-mb") and len(err.splitlines()) == 1, err

@@ -143,8 +143,8 @@ def stdlib_text(max_bytes: int = 2 << 20, val_fraction: float = 0.1,
     root = root or sysconfig.get_paths()["stdlib"]
     chunks, size, files = [], 0, 0
     for rel in stdlib_files(root):
-        with open(os.path.join(root, rel), "rb") as f:
-            chunks.append(f.read(max_bytes - size))
+        with open(os.path.join(root, rel), "rb") as f:  # read(n) allocates n bytes first
+            chunks.append(f.read(min(max_bytes - size, os.fstat(f.fileno()).st_size)))
         size += len(chunks[-1])
         files += 1
         if size >= max_bytes:
