@@ -153,6 +153,28 @@ def check_pieces_and_the_blocking_thread_equal_one_rank(comm):
                            progress_thread="wait"), expected, f"accum={accum}")
 
 
+def test_buckets_in_pieces_plan_no_whole_bucket_all_reduce(monkeypatch):
+    """Before: every bucket's whole persistent all-reduce was planned, then the pieces' as
+    well, and the whole one was never started (a plan, its scratch and its tags for
+    nothing). Counted on one rank: one plan per piece, none more; whole buckets without."""
+    planned = []
+    real = mpidp.collectives.allreduce_init
+
+    def counting(comm, send, recv, *args, **kw):
+        planned.append(recv.size)
+        return real(comm, send, recv, *args, **kw)
+
+    monkeypatch.setattr(mpidp.collectives, "allreduce_init", counting)
+    with DataParallel(MLP(SIZES, dtype="float64"), MPI.COMM_WORLD, bucket_mb=0,
+                      piece_mb=PIECE_MB) as ddp:
+        pieces = [len(ddp._pieces[b.index]) for b in ddp.buckets]
+        assert pieces == [6, 16, 20] and len(planned) == sum(pieces), planned
+    planned.clear()
+    with DataParallel(MLP(SIZES, dtype="float64"), MPI.COMM_WORLD, bucket_mb=0,
+                      piece_mb=None) as ddp:
+        assert planned == [b.flat.size for b in ddp.buckets]
+
+
 def check_the_default_on_one_host_is_plain_overlap_with_whole_buckets(comm):
     """The default, piece_mb="auto", cuts layers only where the comm spans hosts (not
     these ranks: on one host the cut products cost more than they hide, docs/overlap.md;

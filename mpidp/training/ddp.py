@@ -174,10 +174,6 @@ class DataParallel:
             bucket_mb = first_bucket_mb = 0
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
         self._bucket_of = {i: b for b in self.buckets for i in b.layers}  # completed by unit i
-        self.reducer = reducer(model, self.comm, self.buckets, optimizer, algorithm,
-                               zero=zero, prefetch=prefetch, deterministic=deterministic,
-                               timeout=timeout)
-        self.optimizer = self.reducer.optimizer
         across = False  # pieces can pay only where a link carries the bytes
         if piece_mb == "auto":  # (a query, collective: only when asked)
             across = self.comm.Get_size() > 1 and isinstance(self.comm, MPI.Intracomm) and \
@@ -192,6 +188,11 @@ class DataParallel:
             # pieces=False: the blocks' progress calls alone, buckets reduced whole
             self.blocks, self._pieces = plan_pieces(model, self.comm, self.buckets, piece_mb,
                                                     algorithm, reduce=pieces)
+        whole = {} if zero else {"pieced": frozenset(self._pieces)}  # those plan no whole one
+        self.reducer = reducer(model, self.comm, self.buckets, optimizer, algorithm,
+                               zero=zero, prefetch=prefetch, deterministic=deterministic,
+                               timeout=timeout, **whole)
+        self.optimizer = self.reducer.optimizer
         self._sync, self._micro, self._launching = True, 0, False
         self.t_backward = 0.0
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}

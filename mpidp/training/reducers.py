@@ -65,11 +65,14 @@ class AllReduce:
         """Nothing to check before any message: any optimizer, or none (step() unused)."""
 
     def __init__(self, model, comm, buckets, optimizer, algorithm: str, *, zero: int = 0,
-                 prefetch: bool = False, deterministic: bool = False, timeout=None):
+                 prefetch: bool = False, deterministic: bool = False, timeout=None,
+                 pieced: frozenset = frozenset()):
         self.model, self.comm, self.buckets, self.optimizer = model, comm, buckets, optimizer
         self.algorithm, self.deterministic = algorithm, deterministic
         for b in buckets:  # planned once: each step only starts them
-            if not deterministic:  # the exact sum of a step's parts: planned at each launch
+            # (deterministic: the exact sum of a step's parts, planned at each launch;
+            # `pieced` buckets go in pieces, each planned by pieces.py, never whole)
+            if not deterministic and b.index not in pieced:
                 b.plan = mp.allreduce_init(comm, mp.IN_PLACE, b.flat, op=mp.AVG,
                                            algorithm=algorithm)
 
