@@ -16,6 +16,8 @@ import stat
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mpidp import files
 from mpidp.trace import Tracer
@@ -149,3 +151,94 @@ def test_metrics_through_a_symlink_write_its_target_and_keep_the_link(tmp_path, 
     assert code == 0, err
     assert os.path.islink(link)
     assert [json.loads(r)["epoch"] for r in target.read_text().splitlines()] == [1, 2]
+
+
+# ---------------------------------------------------------------- mutated checkpoints (Hypothesis)
+
+SETTINGS = {"seed": 0, "global_batch": 8, "lr": 0.1, "deterministic": False,
+            "micro_batch": None, "hidden": [5]}
+
+
+class Good(tuple):
+    def __repr__(self):  # what Hypothesis prints of a failing case: not the whole file
+        return "<the valid checkpoint>"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A valid checkpoint's bytes and what loading it gives."""
+    path = str(tmp_path_factory.mktemp("ck") / "good.npz")
+    model, opt = trained()
+    checkpoint.save(path, model, opt, {"epoch": 1, "step": 2}, SETTINGS)
+    with open(path, "rb") as f:
+        blob = f.read()
+    return Good((blob, {k: v.copy() for k, v in model.params.items()}))
+
+
+def _load_or_refuse(path, params):
+    """Load `path` into a fresh model: a CheckpointError (nothing changed), or a correct load:
+    the parameters `params`, every state integer in range, the settings the run's."""
+    model, opt = trained(0)
+    before = {k: v.copy() for k, v in model.params.items()}
+    try:
+        state = checkpoint.load(path, model, opt, state_keys=["epoch", "step"],
+                                settings=SETTINGS)
+    except CheckpointError as e:
+        assert "\n" not in str(e)
+        assert all(np.array_equal(model.params[k], before[k]) for k in before)  # untouched
+        return None
+    for k, v in params.items():
+        assert model.params[k].tobytes() == v.tobytes(), k
+    assert all(type(v) is int and 0 <= v <= 2**53 for v in state.values()), state
+    assert type(opt.steps) is int and 0 <= opt.steps <= 2**53, opt.steps
+    return state
+
+
+hostile = settings(max_examples=150, deadline=None,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@hostile
+@given(data=st.data())
+def test_bit_flips_and_truncations_are_refused_or_load_the_saved_values(tmp_path, good, data):
+    blob, params = good
+    mutated = bytearray(blob)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(blob) - 1))
+        mutated[at] ^= 1 << data.draw(st.integers(0, 7))
+    if data.draw(st.booleans()):
+        mutated = mutated[:data.draw(st.integers(0, len(mutated)))]
+    path = tmp_path / "mutated.npz"
+    path.write_bytes(bytes(mutated))
+    state = _load_or_refuse(str(path), params)
+    assert state in (None, {"epoch": 1, "step": 2})
+
+
+ENTRIES = ["format", "sizes", "activation", "dtype", "optimizer", "settings", "param/W1",
+           "param/b2", "optim/steps", "optim/velocity/W1", "state/epoch", "state/step"]
+ODD = st.one_of(
+    st.integers(-2**63, 2**63 - 1).map(np.int64), st.integers(0, 2**64 - 1).map(np.uint64),
+    st.floats().map(np.float64), st.booleans().map(np.bool_), st.text(max_size=30).map(np.str_),
+    st.lists(st.integers(-5, 5), max_size=6).map(lambda v: np.array(v, dtype=np.int64)),
+    st.tuples(st.integers(0, 7), st.integers(0, 7)).map(lambda s: np.zeros(s, np.float32)),
+    st.tuples(st.integers(0, 7), st.integers(0, 7)).map(lambda s: np.ones(s)),
+    st.sampled_from(['{"seed": 0', '[' * 200, '{"lr": NaN}', '{"seed": [[[1]]]}', "null"])
+    .map(np.str_))
+
+
+@hostile
+@given(changes=st.dictionaries(st.sampled_from(ENTRIES), ODD, min_size=1, max_size=3),
+       dropped=st.lists(st.sampled_from(ENTRIES), max_size=2))
+def test_wrong_dtypes_shapes_and_values_are_refused_or_load(tmp_path, good, changes, dropped):
+    """Entries replaced by other dtypes, shapes, out-of-range integers, broken settings, or
+    dropped: a CheckpointError naming one, never another exception."""
+    blob, params = good
+    src = tmp_path / "good.npz"
+    src.write_bytes(blob)
+    arrays = checkpoint.read(str(src))
+    arrays.update(changes)
+    for name in dropped:
+        arrays.pop(name, None)
+    path = tmp_path / "changed.npz"
+    np.savez(path, **arrays)
+    _load_or_refuse(str(path), {k: arrays.get(f"param/{k}", v) for k, v in params.items()})
