@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -148,13 +149,12 @@ class Tracer:
         return meta + self.events
 
     def write(self, path: str, comm=None) -> None:
-        """Gather every rank's events to rank 0 (mpi4py object gather) and write `path` there
-        (`files.WriteError` if it cannot be written)."""
+        """Gather every rank's events to rank 0 (mpi4py object gather) and write `path` there,
+        atomically (`mpidp.files`: a full disk keeps the old trace, never half of one)."""
         mine = self.chrome_events()
         per_rank = [mine] if comm is None else comm.gather(mine, root=0)
         if comm is None or comm.Get_rank() == 0:
             events = [e for rank_events in per_rank for e in rank_events]
-            # atomically (mpidp.files): a full disk keeps the old trace, never half of one
             files.write_json(path, {"traceEvents": events, "displayTimeUnit": "ms"})
 
 
@@ -243,6 +243,10 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
                                                            {e["pid"] for e in spans}})
     y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
+    kind = os.path.splitext(out)[1][1:].lower() or "png"  # checked before drawing
+    if kind not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise TraceError(f"-o {out}: {kind!r} is not a format it can draw (png, svg, pdf, ...)")
     for e in spans:
         left = max(e["ts"] / 1e3, lo)
         width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
@@ -263,7 +267,7 @@ def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | Non
     fig.legend(handles, kinds, loc="lower center", ncol=max(len(kinds), 1), fontsize=8)
     ax.set_title(title or f"{path}: {what}")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(out, dpi=120)
+    files.replace(out, lambda f: fig.savefig(f, dpi=120, format=kind))  # atomically
     plt.close(fig)
     return what
 
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         what = plot(args.file, args.output, args.start, args.end, args.title, args.step,
                     args.all)
-    except TraceError as e:
+    except (TraceError, files.WriteError) as e:
         print(f"{parser.prog} plot: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}: {what} (--step K, --start MS --end MS or --all for another)")

@@ -169,3 +169,21 @@ def test_plot_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr == "python -m mpidp.trace plot: error: missing.json: no such file\n"
+
+
+@pytest.mark.parametrize("output, message", [
+    ("none/t.png", "no such folder"),
+    ("fifo.png", "not a regular file"),
+    ("t.txt", "'txt' is not a format"),
+])
+def test_plot_to_a_place_it_cannot_write_is_one_line_and_exit_2(tmp_path, capsys, output,
+                                                                message):
+    """Before: a missing folder or a .txt name ended in a traceback after the drawing, and
+    a FIFO blocked forever; an old image is replaced whole (mpidp.files) or kept."""
+    three_steps(str(tmp_path / "run.json"))
+    os.mkfifo(tmp_path / "fifo.png")
+    assert trace.main(["plot", str(tmp_path / "run.json"), "-o", str(tmp_path / output)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert err.startswith("python -m mpidp.trace plot: error: ")
+    assert sorted(os.listdir(tmp_path)) == ["fifo.png", "run.json"]
