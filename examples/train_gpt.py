@@ -16,7 +16,9 @@ first step, every --eval-every steps, after the last) and writes it to --metrics
 as JSON: step, loss (train, the mean over the steps since the last row), val_loss
 (held-out, nats per token), tokens_per_s (trained tokens over the steps' wall
 time since the last row; 0 before the first step), memory_bytes (this rank's
-parameters, gradients and optimizer state). At the end it prints a sample.
+parameters, gradients and optimizer state), optimizer_state_bytes (the last alone: 0
+in the row before the first step, the optimizer allocating its state at that step).
+At the end it prints a sample.
 
 Flags, paths, checkpoints, deadlines and exit codes behave as train_mlp.py's
 (the common part is `mpidp.training.trainer`).
@@ -57,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--context", type=count, default=64, help="tokens per sample")
     p.add_argument("--corpus-mb", type=positive, default=2.0,
                    help="MiB of standard-library source to read")
-    p.add_argument("--eval-every", type=count, default=100, metavar="STEPS")
+    p.add_argument("--eval-every", type=count, default=100, metavar="STEPS",
+                   help="evaluate, print and write a row every STEPS steps")
     p.add_argument("--eval-tokens", type=count, default=16384,
                    help="held-out tokens per evaluation (whole samples)")
     p.add_argument("--sample-tokens", type=cli.number(int, 0), default=200,
@@ -125,7 +128,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
               f"({P} params, {args.dtype}), {args.optimizer} lr {args.lr}, "
               f"zero={args.zero}, {len(ddp.buckets)} bucket(s), "
               f"overlap={not args.no_overlap}, global batch {args.global_batch} = {size} x "
-              f"{A} x {sampler.local_batch} samples of {T} tokens")
+              f"{A} x {sampler.local_batch} samples of {T} tokens"
+              + (", deterministic" if args.deterministic else ""))
         print(f"corpus: {len(text.train) + len(text.val)} bytes of {text.files} stdlib files, "
               f"{len(text.train)} train / {len(text.val)} held out ({n_val * T} evaluated); "
               f"unigram entropy {entropy:.4f} nats/token", flush=True)
@@ -145,9 +149,11 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         train_loss = np.array([since["loss"], since["steps"]])
         mpidp.allreduce(comm, mpidp.IN_PLACE, train_loss, op="sum")
         tokens = since["steps"] * args.global_batch * T
+        memory = model_state_bytes(ddp)  # step 0: no optimizer state yet (its first step makes it)
         row = {"step": opt.steps, "epoch": epoch, "loss": train_loss[0] / max(train_loss[1], 1),
                "val_loss": val, "tokens_per_s": tokens / since["seconds"] if tokens else 0.0,
-               "memory_bytes": model_state_bytes(ddp)["total"], "ranks": size,
+               "memory_bytes": memory["total"], "optimizer_state_bytes": memory["optimizer"],
+               "ranks": size,
                "zero": args.zero, "unigram_entropy": entropy}
         if since["steps"] == 0:
             row["loss"] = first_loss(epoch)
@@ -170,7 +176,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         batches = sampler.epoch(epoch)  # (steps, A, b) sample numbers
         first = start_step if epoch == start_epoch else 0
         bar = trainer.Progress(args.progress if rank == 0 else "never",
-                               sampler.steps_per_epoch, f"epoch {epoch + 1}")
+                               sampler.steps_per_epoch, f"epoch {epoch + 1}",
+                               args.progress_every)
         for step in range(first, sampler.steps_per_epoch):
             t0 = time.perf_counter()
             for a in range(A):
@@ -188,6 +195,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             since["steps"] += 1
             stop = trainer.end_step(args, ddp, dog, tracer, t1, partial(save, epoch, step + 1))
             if stop or opt.steps % args.eval_every == 0:
+                bar.clear()  # the row on a line of its own, not on the bar's
                 report(epoch)
                 last_reported = opt.steps
             bar.update(step + 1)

@@ -53,8 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                        metrics_help="JSON lines, one object per epoch")
     p.add_argument("--hidden", type=cli.counts, default="128,64",
                    help="hidden widths, e.g. 128,64")
-    p.add_argument("--activation", default="relu", choices=["relu", "tanh"])
-    p.add_argument("--data", default="digits", choices=["digits", "synthetic"])
+    p.add_argument("--activation", default="relu", choices=["relu", "tanh"],
+                   help="between the layers")
+    p.add_argument("--data", default="digits", choices=["digits", "synthetic"],
+                   help="scikit-learn's 8x8 digits, or Gaussian inputs of a linear teacher")
     return trainer.checked(p, argv)
 
 
@@ -114,7 +116,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         # loss sum, correct, samples, forward s, backward s, exposed comm s, steps
         stats = np.zeros(7)
         bar = trainer.Progress(args.progress if rank == 0 else "never",
-                               sampler.steps_per_epoch, f"epoch {epoch + 1}")
+                               sampler.steps_per_epoch, f"epoch {epoch + 1}",
+                               args.progress_every)
         t_epoch = time.perf_counter()
         peak = None  # bytes at the epoch's last step: model states + what it allocates
         for step in range(first, sampler.steps_per_epoch):

@@ -249,3 +249,64 @@ def test_piece_mb_refuses_what_is_not_a_finite_size_above_0(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="auto, none or a size in MiB above 0"):
         piece_mb(text)
+
+
+# ---------------------------------------------------------------- progress, --help
+
+
+def test_progress_shows_under_mpiexec_by_default_as_lines_from_rank_0(tmp_path, mpiexec):
+    """Before: --progress auto asked isatty(), false on every rank under mpiexec, so no
+    progress ever showed there. Now rank 0 prints lines (its stdout is a pipe), each whole,
+    never inside another row, once per step here (--progress-every 0)."""
+    import subprocess
+    import sys
+
+    argv = [a for a in SMALL if a not in ("--progress", "never")]
+    done = subprocess.run([*mpiexec, "-n", "2", sys.executable, TRAIN, *argv, "--epochs", "2",
+                           "--progress-every", "0"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    steps = int(re.search(r"(\d+) steps/epoch", done.stdout).group(1))
+    for epoch in (1, 2):
+        shown = [m.group(1) for m in (re.match(rf"epoch {epoch}: step (\d+)/{steps}\b", line)
+                                      for line in lines) if m]
+        assert shown == [str(k) for k in range(1, steps + 1)], lines  # once: rank 0 alone
+        row = next(i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch:3d}"))
+        last = max(i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch}: "))
+        assert last < row, lines  # the epoch's progress, then its row
+    assert "\r" not in done.stdout + done.stderr
+
+
+def test_the_bar_is_erased_before_any_other_row_and_redrawn_after(monkeypatch, capsys):
+    """Before: on a terminal the GPT's evaluation row was printed onto the bar's line."""
+    from mpidp.training.trainer import Progress
+
+    clock = iter(range(100))
+    monkeypatch.setattr("time.perf_counter", lambda: float(next(clock)))
+    bar = Progress("bar", 10, "epoch 1")
+    bar.update(3)
+    bar.clear()
+    print("step     3  loss 1.0")
+    bar.update(4)
+    bar.close()
+    out, err = capsys.readouterr()
+    assert out == "step     3  loss 1.0\n"
+    assert err.startswith("\repoch 1 [") and err.endswith("\r")
+    parts = err.split("\r")  # '', the bar at 3, blanks, '', the bar at 4, blanks, ''
+    assert "3/10" in parts[1] and parts[2].strip() == "", err  # erased before the row
+    assert "4/10" in parts[4] and parts[5].strip() == "", err  # drawn again after it
+
+
+def test_help_shows_every_default_and_the_learning_rate_in_words(capsys):
+    """Before: no defaults, and --lr's help was a raw dict: {'sgd': 0.05, ...}."""
+    with pytest.raises(SystemExit) as info:
+        trainer().main(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in ("--bucket-mb BUCKET_MB 0: one bucket per layer (default: 25.0)",
+                  "(default: 0.9)", "--epochs EPOCHS passes over the training set (default: 12)",
+                  "(default: 128,64)",
+                  "default: 0.05 with sgd, 0.001 with adam or adamw"):
+        assert shown in out, out
+    assert "{'sgd'" not in out and "(default: None)" not in out and "(default: False)" not in out

@@ -131,3 +131,18 @@ def test_corpus_sizes_out_of_bounds_are_a_usage_error(mb, capsys):
     code, out, err = run(["--corpus-mb", mb, "--max-steps", "1"], capsys)
     assert code == 2, (code, out, err)
     assert err.startswith("train_gpt.py: error: --corpus-mb") and len(err.splitlines()) == 1, err
+
+
+def test_the_banner_says_deterministic_and_rows_say_what_the_optimizer_holds(tmp_path, capsys):
+    """Before: the GPT's banner did not say "deterministic" as the MLP's does, and the
+    step-0 row's memory_bytes, taken before the optimizer allocates its state, did not say
+    that it holds none of it."""
+    m = tmp_path / "m.jsonl"
+    code, out, err = run(["--max-steps", "2", "--eval-every", "2", "--deterministic",
+                          "--metrics", m], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].endswith(", deterministic"), out
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2]
+    assert rows[0]["optimizer_state_bytes"] == 0 < rows[1]["optimizer_state_bytes"]
+    assert rows[1]["memory_bytes"] - rows[0]["memory_bytes"] == rows[1]["optimizer_state_bytes"]

@@ -18,7 +18,8 @@ data and what they measure; the rest is here, once:
 - `data_parallel` builds `DataParallel` from the flags; `Saver` writes checkpoints
   (the ZeRO shards gathered first: a collective); `end_step` is what follows each
   optimizer step (watchdog, trace, replica check, checkpoint, the stop at `--max-steps`);
-- `Progress` is the bar on rank 0; `blas_threads` keeps BLAS to its share of cores.
+- `Progress` (from progress.py) is rank 0's bar or lines; `blas_threads` keeps BLAS to
+  its share of cores.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from . import checkpoint, outputs
 from .ddp import DataParallel
 from .determinism import default_micro_batch, micro_shards
 from .optim import OPTIMIZERS, SGD
+from .progress import Progress  # noqa: F401 - a trainer's bar or lines, trainer.Progress
 from .zero import HALVES
 
 
@@ -52,20 +54,37 @@ def piece_mb(text: str) -> float | str | None:
             f"{text!r}: auto, none or a size in MiB above 0") from None
 
 
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with every flag's default, but where there is none to show (None, False)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def rates(default_lr: dict) -> str:
+    """The default learning rates in words: ``0.05 with sgd, 0.001 with adam or adamw``."""
+    by_rate = {}
+    for name, lr in default_lr.items():
+        by_rate.setdefault(lr, []).append(name)
+    return ", ".join(f"{lr:g} with {' or '.join(names)}" for lr, names in by_rate.items())
+
+
 def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global_batch: int,
            optimizer: str = "sgd", bucket_mb: float = 25.0,
            metrics_help: str = "JSON lines") -> cli.Parser:
     """A `cli.Parser` holding the flags every trainer has, with this trainer's defaults."""
     count, count0 = cli.number(int, 1), cli.number(int, 0)  # >= 1, >= 0
     positive, nonnegative = cli.number(float, 0, above=True), cli.number(float, 0)
-    p = cli.Parser(prog=prog, description=description)
+    p = cli.Parser(prog=prog, description=description, formatter_class=Help)
     p.set_defaults(default_lr=default_lr)
-    p.add_argument("--epochs", type=count, default=epochs)
+    p.add_argument("--epochs", type=count, default=epochs, help="passes over the training set")
     p.add_argument("--global-batch", type=count, default=global_batch,
                    help="samples per step, all ranks")
-    p.add_argument("--optimizer", default=optimizer, choices=list(OPTIMIZERS))
+    p.add_argument("--optimizer", default=optimizer, choices=list(OPTIMIZERS), help="the update")
     p.add_argument("--lr", type=positive, default=None,
-                   help=f"learning rate (default: {default_lr})")
+                   help=f"learning rate (default: {rates(default_lr)})")
     p.add_argument("--momentum", type=nonnegative, default=0.9, help="SGD's")
     p.add_argument("--beta1", type=nonnegative, default=0.9, help="Adam's and AdamW's, < 1")
     p.add_argument("--beta2", type=nonnegative, default=0.999, help="Adam's and AdamW's, < 1")
@@ -75,8 +94,10 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 shards the optimizer state, 2 the gradients too, "
                         "3 the parameters too")
-    p.add_argument("--seed", type=count0, default=0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--seed", type=count0, default=0,
+                   help="the initial weights' and the data order's")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="of the parameters, gradients and activations")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
     p.add_argument("--progress-thread", nargs="?", const="poll", default=None,
                    choices=["wait", "poll"],
@@ -89,10 +110,13 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
                         "none: whole buckets; docs/overlap.md)")
     p.add_argument("--bucket-mb", type=nonnegative, default=bucket_mb,
                    help="0: one bucket per layer")
-    p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0)
+    p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0,
+                   help="the first bucket's size: small, so that its all-reduce starts early")
     p.add_argument("--accum-steps", type=count, default=1, help="micro-batches per step")
-    p.add_argument("--algorithm", default="auto", choices=ALGORITHMS["allreduce"])
-    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--algorithm", default="auto", choices=ALGORITHMS["allreduce"],
+                   help="the all-reduce's (auto: by the cost model)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                   help="where the model computes (gpu: CuPy)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) here")
     p.add_argument("--checkpoint", metavar="FILE", help="save here after every epoch")
     p.add_argument("--checkpoint-every", type=count0, default=0, metavar="STEPS",
@@ -103,8 +127,13 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
     p.add_argument("--max-steps", type=count0, default=0,
                    help="stop after this many optimizer steps in all (0: run every epoch)")
     p.add_argument("--metrics", metavar="FILE", help=metrics_help)
-    p.add_argument("--progress", default="auto", choices=["auto", "always", "never"],
-                   help="progress bar on rank 0 (auto: on a terminal, for epochs over 1 s)")
+    p.add_argument("--progress", default="auto",
+                   choices=["auto", "bar", "lines", "always", "never"],
+                   help="rank 0's progress through each epoch: a bar redrawn in place "
+                        "(always: the same), lines on stdout, or none; auto: the bar on a "
+                        "terminal, lines elsewhere (under mpiexec)")
+    p.add_argument("--progress-every", type=nonnegative, default=10.0, metavar="SECONDS",
+                   help="--progress lines: at most one line per SECONDS")
     p.add_argument("--debug", action="store_true", help="check replicas are identical")
     p.add_argument("--blas-threads", type=count, default=1, help="BLAS threads per rank")
     p.add_argument("--deterministic", action="store_true",
@@ -228,31 +257,6 @@ class Saver:
             if self.rank == 0:
                 checkpoint.save(self.args.checkpoint, self.ddp.model, whole,
                                 {"epoch": epoch, "step": step}, self.settings)
-
-
-class Progress:
-    """A plain-text progress bar on stderr, shown only once an epoch runs for a while."""
-
-    def __init__(self, mode: str, total: int, label: str):
-        self.on = mode == "always" or (mode == "auto" and sys.stderr.isatty())
-        self.total, self.label = total, label
-        self.t0 = self.shown = time.perf_counter()
-        self.drawn = False
-
-    def update(self, done: int) -> None:
-        now = time.perf_counter()
-        if not self.on or now - self.t0 < 1.0 or now - self.shown < 0.2:
-            return
-        filled = 30 * done // self.total
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
-                         f"{done}/{self.total} steps")
-        sys.stderr.flush()
-        self.shown, self.drawn = now, True
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r" + " " * 72 + "\r")
-            sys.stderr.flush()
 
 
 def blas_threads(n: int):
