@@ -150,3 +150,28 @@ def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, mon
         watchdog._end_job(RuntimeError("x"), "prog.py", None)
     assert printed == [["flight-rank-0.json"]]
     assert watchdog._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other
+
+
+def test_mpidp_flight_has_an_upper_bound_checked_before_the_first_collective(monkeypatch):
+    """10**30 passed the launcher's check, then the deque's maxlen overflowed at the first
+    collective: it is refused where every variable is checked, naming the bound."""
+    from mpidp import config
+
+    for text in (str(10**30), str(config.FLIGHT_MAX + 1)):
+        monkeypatch.setenv("MPIDP_FLIGHT", text)
+        problems = config.problems()
+        assert len(problems) == 1 and problems[0].startswith(f"MPIDP_FLIGHT={text!r}"), problems
+        assert f"at most {config.FLIGHT_MAX}" in problems[0], problems
+    monkeypatch.setenv("MPIDP_FLIGHT", str(config.FLIGHT_MAX))
+    assert flight.recorder(MPI.COMM_SELF).calls.maxlen == config.FLIGHT_MAX
+
+
+def test_mpidp_flight_dir_expands_a_tilde(tmp_path, monkeypatch):
+    """'~/fl' wrote a folder literally named '~' in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", "~/fl")
+    monkeypatch.chdir(tmp_path)
+    assert flight.folder() == str(tmp_path / "home" / "fl")
+    path = flight.dump("test")
+    assert path == str(tmp_path / "home" / "fl" / "flight-rank-0.json")
+    assert not (tmp_path / "~").exists()
