@@ -292,3 +292,28 @@ def test_the_replay_says_what_it_cannot_replay(diagnosed, name, capsys):
     why = {"killed": "cannot replay: rank 1 left no record",
            "ddp": "a persistent collective (one entry for all its starts)"}[name]
     assert why in out, out
+
+
+def test_the_help_describes_the_doctor_in_whole_sentences(capsys):
+    from mpidp.doctor.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    words = " ".join(capsys.readouterr().out.split())
+    assert "why the job whose flight records are in DIR hung, in plain words" in words, words
+
+
+@pytest.mark.parametrize("where", ["no-such-folder/g.png", "g.txt", "g"])
+def test_a_plot_it_cannot_write_is_one_line_and_exit_2_before_any_work(where, tmp_path,
+                                                                      capsys, monkeypatch):
+    from mpidp.doctor import __main__ as doctor
+
+    def no_work(folder):
+        raise AssertionError("the records were read before --plot was checked")
+
+    monkeypatch.setattr(doctor, "load", no_work)
+    assert doctor.main([str(tmp_path), "--plot", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mpidp.doctor: error: --plot "), err
+    assert str(tmp_path / where) in err, err

@@ -8,15 +8,19 @@ with no record grey and dashed; a cycle's arrows are drawn thicker.
 from __future__ import annotations
 
 import math
+import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .. import files  # noqa: E402
+
 
 def draw(d: dict, path: str) -> None:
-    """Draw the diagnosis `d`'s waits-for graph to `path` (PNG)."""
+    """Draw the diagnosis `d`'s waits-for graph to `path` (PNG, SVG or PDF, by its name),
+    through the one writer (`mpidp.files`)."""
     n = d["size"]
     pos = {r: (math.sin(2 * math.pi * r / n), math.cos(2 * math.pi * r / n)) for r in range(n)}
     fig, ax = plt.subplots(figsize=(6.5, 6.5))
@@ -59,8 +63,11 @@ def draw(d: dict, path: str) -> None:
     ax.set_ylim(-1.4, 1.4)
     ax.set_aspect("equal")
     ax.axis("off")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    try:
+        files.replace(path, lambda f: fig.savefig(f, format=fmt, dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def _wrap(text: str, width: int) -> str:
