@@ -28,8 +28,9 @@ Identity, so that `mpidp.doctor` can line the ranks' records up:
 
 Dumps: `dump` writes this rank's record and the Python stack of every thread as
 one JSON file, ``flight-rank-<world rank>.json`` in ``MPIDP_FLIGHT_DIR`` (default
-``mpidp-flight`` in the working folder), atomically (a temporary file, then a
-rename), and never waits for another rank. It is called on demand, by
+``mpidp-flight`` in the working folder), atomically, through `mpidp.files` (a
+temporary file of its own, then a rename; a link planted at the record's name is
+replaced, never followed), and never waits for another rank. It is called on demand, by
 `watchdog.abort` (a deadline passed, or the program raised under ``python -m
 mpidp``; the abort then waits `watchdog.FLIGHT_MARGIN_S` so that the other
 ranks write theirs), and on ``SIGUSR1`` (`install`): Python runs signal handlers
@@ -54,7 +55,7 @@ import zlib
 
 from mpi4py import MPI
 
-from . import config
+from . import config, files
 
 DEFAULT_K = 64
 DEFAULT_DIR = "mpidp-flight"
@@ -371,17 +372,16 @@ _dump_lock = threading.Lock()
 def dump(reason: str = "on demand", where: str | None = None,
          error: BaseException | None = None) -> str:
     """Write this rank's record to ``<where or MPIDP_FLIGHT_DIR>/flight-rank-<r>.json``
-    (atomically: a temporary file, then a rename); return its path. Never waits for
+    (atomically, by `mpidp.files`; a link at that name is replaced); return its path. Never waits for
     another rank; a later dump replaces an earlier one."""
     where = where or folder()
     os.makedirs(where, exist_ok=True)
     with _dump_lock:
         data = record(reason, error)
         path = os.path.join(where, f"flight-rank-{data['rank']}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, path)
+        # the folder may be shared (under /tmp): a link planted at the record's name is
+        # replaced, not followed, and the temporary file is the writer's (mkstemp)
+        files.write_json(path, data, follow=False, indent=1, default=str)
     return path
 
 

@@ -175,3 +175,39 @@ def test_mpidp_flight_dir_expands_a_tilde(tmp_path, monkeypatch):
     path = flight.dump("test")
     assert path == str(tmp_path / "home" / "fl" / "flight-rank-0.json")
     assert not (tmp_path / "~").exists()
+
+
+def test_a_dump_follows_no_link_planted_in_a_shared_folder(tmp_path, monkeypatch):
+    """The dump's temporary file had a predictable name (``<record>.<pid>.tmp``), opened
+    following links: a link planted there (a shared MPIDP_FLIGHT_DIR under /tmp) had mpidp
+    overwrite its target. Links at that name, at the temporary names the writer draws, and
+    at the record's own name are never followed; the targets outside stay untouched."""
+    import tempfile
+
+    shared, outside = tmp_path / "shared", tmp_path / "outside"
+    shared.mkdir()
+    outside.mkdir()
+    record = shared / "flight-rank-0.json"
+    planted = {record.name + f".{os.getpid()}.tmp": "old temporary name",
+               ".flight-rank-0.json.AAAA.tmp": "drawn name 1",
+               ".flight-rank-0.json.BBBB.tmp": "drawn name 2",
+               record.name: "the record's own name"}
+    for i, (name, _) in enumerate(planted.items()):
+        (outside / f"victim{i}").write_text("precious")
+        os.symlink(outside / f"victim{i}", shared / name)
+    drawn = iter(["AAAA", "BBBB", "CCCC"])  # the writer's first two draws hit the links
+
+    class Names:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(drawn)
+
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: Names())
+    path = flight.dump("test", str(shared))
+    assert path == str(record) and not record.is_symlink()
+    assert json.loads(record.read_text())["reason"] == "test"
+    for i, why in enumerate(planted.values()):
+        assert (outside / f"victim{i}").read_text() == "precious", why
+    assert sorted(p.name for p in shared.iterdir()) == sorted(planted)  # no temporary left
