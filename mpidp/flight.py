@@ -42,7 +42,6 @@ goes on.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
 import socket
@@ -372,8 +371,8 @@ _dump_lock = threading.Lock()
 def dump(reason: str = "on demand", where: str | None = None,
          error: BaseException | None = None) -> str:
     """Write this rank's record to ``<where or MPIDP_FLIGHT_DIR>/flight-rank-<r>.json``
-    (atomically, by `mpidp.files`; a link at that name is replaced); return its path. Never waits for
-    another rank; a later dump replaces an earlier one."""
+    (atomically, by `mpidp.files`; a link at that name is replaced); return its path.
+    Never waits for another rank; a later dump replaces an earlier one."""
     where = where or folder()
     os.makedirs(where, exist_ok=True)
     with _dump_lock:
