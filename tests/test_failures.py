@@ -145,6 +145,21 @@ SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code (None: not 0)
             sys.exit(3)
         MPI.COMM_WORLD.Barrier()
     """, 3, "script.py exited with status 3"),
+    # an exit status is taken mod 256: 256 and 512 would end the aborted job with 0
+    "exits 256": ("""
+        import sys
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 1:
+            sys.exit(256)
+        MPI.COMM_WORLD.Barrier()
+    """, 1, "script.py exited with status 256"),
+    "exits 512": ("""
+        import sys
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 0:
+            sys.exit(512)
+        MPI.COMM_WORLD.Barrier()
+    """, 1, "script.py exited with status 512"),
 }
 
 
@@ -169,7 +184,8 @@ def test_ranks_that_disagree_end_at_mpidp_timeout_under_the_launcher(tmp_path):
                                      ("raises mid-collective", 4), ("exits 3", 3),
                                      ("unprintable exception", 2),
                                      ("stderr closed", 3), ("stderr blocks", 3),
-                                     ("unprintable exit", 3)])
+                                     ("unprintable exit", 3), ("exits 256", 2),
+                                     ("exits 512", 2)])
 def test_the_launcher_ends_the_job_when_one_rank_fails(tmp_path, case, n):
     body, exit_code, message = SCRIPTS[case]
     script = tmp_path / "script.py"
