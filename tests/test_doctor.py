@@ -312,7 +312,7 @@ def test_a_plot_it_cannot_write_is_one_line_and_exit_2_before_any_work(where, tm
     def no_work(folder):
         raise AssertionError("the records were read before --plot was checked")
 
-    monkeypatch.setattr(doctor, "load", no_work)
+    monkeypatch.setattr(doctor, "read", no_work)
     assert doctor.main([str(tmp_path), "--plot", str(tmp_path / where)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mpidp.doctor: error: --plot "), err

@@ -28,11 +28,11 @@ process, and sets its stalls beside the records' (`mpidp.doctor.replay`).
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
 from collections import Counter, defaultdict
+
+from .records import Unreadable, read  # noqa: F401 (Unreadable: the doctor's error)
 
 SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
 IN_FLIGHT = ("planned", "started", "timed out")
@@ -40,30 +40,10 @@ _MPIDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _P2P = re.compile(r"\.(I?[Rr]ecv|Sendrecv\w*|[Pp]robe|Mprobe|Wait\w*|[Ss]send|Send|send|wait)\(")
 
 
-class Unreadable(Exception):
-    """The folder holds no readable flight record (exit code 2)."""
-
-
 def load(folder: str) -> dict[int, dict]:
-    """Every rank's record in `folder`, by world rank."""
-    if not os.path.isdir(folder):
-        raise Unreadable(f"{folder}: no such folder")
-    paths = sorted(glob.glob(os.path.join(folder, "flight-rank-*.json")))
-    if not paths:
-        raise Unreadable(f"{folder}: no flight record (flight-rank-*.json) in it")
-    records = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            rank, size = int(rec["rank"]), int(rec["size"])
-            rec["comms"], rec["threads"]  # noqa: B018 - present, or KeyError
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise Unreadable(f"{path}: not a flight record ({type(e).__name__}: {e})") from None
-        if rank in records or not 0 <= rank < size:
-            raise Unreadable(f"{path}: rank {rank} of {size} twice or out of range")
-        records[rank] = rec
-    return records
+    """Every rank's record in `folder` of its newest job, by world rank, each checked whole
+    (`records.read`; Unreadable, one line naming the file and field)."""
+    return read(folder)[0]
 
 
 def signature(call: dict) -> tuple:
@@ -104,7 +84,9 @@ class Comm:
         self.local: dict[int, int] = {}  # world rank -> its rank in this comm
 
     def world(self, local_rank: int) -> int:
-        return self.members[local_rank] if self.members else local_rank
+        if self.members and local_rank < len(self.members):
+            return self.members[local_rank]
+        return local_rank  # (members that disagree across ranks are noted in `_comms`)
 
     def reached(self, rank: int) -> int:
         """The highest number `rank` has called (-1: none recorded)."""
@@ -251,8 +233,9 @@ def _cycles(nodes, edges) -> list[list[int]]:
     return out
 
 
-def diagnose(records: dict[int, dict]) -> dict:
-    """The diagnosis as data: the cause first, then the evidence."""
+def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dict:
+    """The diagnosis as data: the cause first, then the evidence. `warnings`: what reading
+    the folder set aside (another job's records), printed above the cause."""
     size = max(rec["size"] for rec in records.values())
     missing = [r for r in range(size) if r not in records]
     jobs = sorted({str(rec.get("job")) for rec in records.values()})
@@ -277,7 +260,7 @@ def diagnose(records: dict[int, dict]) -> dict:
     d = {"size": size, "records": sorted(records), "missing": missing, "jobs": jobs,
          "first_difference": first[0] if first else None, "differences": first,
          "in_flight": flight, "edges": edges, "cycles": cycles, "roots": roots,
-         "where": wheres, "raised": raised, "notes": notes}
+         "where": wheres, "raised": raised, "notes": notes, "warnings": list(warnings or [])}
     d["cause"] = _cause(d, comms, failed)
     return d
 
@@ -344,9 +327,9 @@ def _cause(d, comms, failed) -> dict:
     if any(failed.values()):
         r = min(r for r, v in failed.items() if v)
         c = failed[r][0]
-        return {"kind": "exception", "ranks": [r], "comm": None, "seq": c["seq"],
+        return {"kind": "exception", "ranks": [r], "comm": None, "seq": c.get("seq"),
                 "site": c["site"], "text": f"rank {r}: {describe(c)} at {c['site']} "
-                f"failed: {c['error']}"}
+                f"failed: {c.get('error', 'no error recorded')}"}
     if not d["in_flight"]:
         return {"kind": "no_hang", "ranks": [], "comm": None, "seq": None, "site": None,
                 "text": "no collective is in flight on any rank: the records show no hang"}

@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 
-from . import Unreadable, diagnose, load, ranks_text, short
+from . import Unreadable, diagnose, ranks_text, read, short
 
 
 def text(d: dict, folder: str) -> str:
     """The diagnosis as the doctor prints it."""
     c = d["cause"]
-    out = [f"cause: {c['text']}", "",
+    out = [f"note: {w}" for w in d.get("warnings", [])]
+    out += [f"cause: {c['text']}", "",
            f"evidence ({len(d['records'])} of {d['size']} ranks left a record in {folder}; "
            f"job {', '.join(d['jobs'])}):"]
     if d["missing"]:
@@ -98,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpidp.doctor: error: {problem}", file=sys.stderr)
         return 2
     try:
-        records = load(args.folder)
-        d = diagnose(records)
+        records, warnings = read(args.folder)
+        d = diagnose(records, warnings)
     except Unreadable as e:
         print(f"mpidp.doctor: error: {e}", file=sys.stderr)
         return 2
