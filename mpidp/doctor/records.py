@@ -21,8 +21,19 @@ import os
 from collections import defaultdict
 
 from .. import config
-from ..untrusted import (Bool, Either, InputError, Int, List, Num, Optional, Record, Text,
-                         check, read_json)
+from ..untrusted import (
+    Bool,
+    Either,
+    InputError,
+    Int,
+    List,
+    Num,
+    Optional,
+    Record,
+    Text,
+    check,
+    read_json,
+)
 
 MAX_BYTES = 256 << 20  # a record of 64 calls on each of hundreds of communicators: a few MB
 MAX_RANKS = 1 << 20  # ranks of a job: the doctor loops over them
