@@ -54,10 +54,11 @@ import zlib
 
 from mpi4py import MPI
 
-from . import config, files
+from . import config, files, untrusted
 
 DEFAULT_K = 64
 DEFAULT_DIR = "mpidp-flight"
+RECORD_MAX_BYTES = 256 << 20  # what `ask_peers` reads of a record (the doctor's bound too)
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
@@ -385,19 +386,31 @@ def dump(reason: str = "on demand", where: str | None = None,
 
 
 def ask_peers() -> None:
-    """SIGUSR1 to the ranks on this host that have no record in the folder yet
-    (known only under ``python -m mpidp``): they dump where they are, computing or not."""
+    """SIGUSR1 to the ranks on this host that have no record of their own in the folder yet
+    (known only under ``python -m mpidp``): they dump where they are, computing or not. A
+    record there of another job, or of another process, is not theirs (`_theirs`)."""
     if _peers is None:
         return
     host, me = socket.gethostname(), os.getpid()
-    where = folder()
+    where, job = folder(), job_id()
     for rank, (h, pid) in enumerate(_peers):
-        if h == host and pid != me and not os.path.exists(
-                os.path.join(where, f"flight-rank-{rank}.json")):
+        if h == host and pid != me and not _theirs(
+                os.path.join(where, f"flight-rank-{rank}.json"), job, pid):
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:  # it has ended
                 pass
+
+
+def _theirs(path: str, job: str | None, pid: int) -> bool:
+    """Is the record at `path` one that process `pid` of job `job` wrote?"""
+    if not os.path.exists(path):
+        return False
+    try:
+        rec = untrusted.read_json(path, RECORD_MAX_BYTES)
+    except untrusted.InputError:  # cut off, a FIFO, a link: not a record of theirs
+        return False
+    return isinstance(rec, dict) and rec.get("job") == job and rec.get("pid") == pid
 
 
 # ------------------------------------------------------------ SIGUSR1

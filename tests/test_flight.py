@@ -211,3 +211,28 @@ def test_a_dump_follows_no_link_planted_in_a_shared_folder(tmp_path, monkeypatch
     for i, why in enumerate(planted.values()):
         assert (outside / f"victim{i}").read_text() == "precious", why
     assert sorted(p.name for p in shared.iterdir()) == sorted(planted)  # no temporary left
+
+
+def test_the_launcher_asks_a_rank_whose_record_is_an_earlier_jobs(tmp_path, monkeypatch):
+    """A record left in the folder by an earlier job stopped the launcher from asking that
+    rank of this job for its own (SIGUSR1): only a record of this job, by that very process,
+    counts as the rank's."""
+    import socket
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
+    host = socket.gethostname()
+    peers = [(host, os.getpid()), (host, 1001), (host, 1002), (host, 1003), (host, 1004)]
+    monkeypatch.setattr(flight, "_peers", peers)
+    this = flight.job_id()
+    written = {1: {"job": "slurm:41.", "pid": 1001},  # the earlier job's rank 1
+               2: {"job": this, "pid": 1002},  # this job's rank 2: asked no more
+               3: {"job": this, "pid": 999}}  # this job's id, another process
+    for r, fields in written.items():
+        (tmp_path / f"flight-rank-{r}.json").write_text(json.dumps({"rank": r, **fields}))
+    (tmp_path / "flight-rank-4.json").write_text("{cut off")
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    flight.ask_peers()
+    assert sorted(sent) == [(1001, signal.SIGUSR1), (1003, signal.SIGUSR1),
+                            (1004, signal.SIGUSR1)], sent

@@ -35,7 +35,7 @@ from ..untrusted import (
     read_json,
 )
 
-MAX_BYTES = 256 << 20  # a record of 64 calls on each of hundreds of communicators: a few MB
+MAX_BYTES = 256 << 20  # as flight.RECORD_MAX_BYTES (the doctor imports no MPI): MBs at most
 MAX_RANKS = 1 << 20  # ranks of a job: the doctor loops over them
 MAX_COUNT = 1 << 40  # items in one collective (8 TiB of float64)
 STATES = ("planned", "started", "complete", "failed", "timed out", "persistent")
