@@ -317,3 +317,56 @@ def test_a_plot_it_cannot_write_is_one_line_and_exit_2_before_any_work(where, tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mpidp.doctor: error: --plot "), err
     assert str(tmp_path / where) in err, err
+
+
+def test_a_cycle_is_printed_along_waits_the_edge_list_holds():
+    """The strongly connected part {0, 1, 2} of 0 <-> 1 <-> 2 used to print as
+    0 -> 1 -> 2 -> 0, through a wait 2 -> 0 that is not there."""
+    from mpidp.doctor import _cycles
+
+    edges = [{"from": a, "to": b} for a, b in ((0, 1), (1, 0), (1, 2), (2, 1))]
+    (cycle,) = _cycles(range(3), edges)
+    pairs = set(zip(cycle, cycle[1:] + cycle[:1]))
+    assert pairs <= {(e["from"], e["to"]) for e in edges}, cycle
+    # a ring of 3000 waits: no recursion limit reached
+    ring = [{"from": r, "to": (r + 1) % 3000} for r in range(3000)]
+    assert _cycles(range(3000), ring) == [list(range(3000))]
+
+
+def _finished_record(rank: int, size: int) -> dict:
+    import mpidp.farewell as farewell
+
+    stack = [{"file": "/x/script.py", "line": 3, "function": "<module>", "code": "main()"},
+             {"file": farewell.__file__, "line": 75, "function": "leave",
+              "code": "time.sleep(pause)"}]
+    return {"rank": rank, "size": size, "reason": "deadline", "time": 1.0, "job": "j",
+            "threads": [{"main": True, "stack": stack}], "comms": []}
+
+
+def test_a_rank_whose_program_ended_reads_as_finished_not_sleeping():
+    from mpidp.doctor import where
+
+    w = where(_finished_record(1, 2))
+    assert w["kind"] == "finished" and w["text"].startswith("finished"), w
+    assert "sleeping" not in w["text"] and "farewell" not in w["text"], w
+
+
+def test_the_plot_legend_shows_what_the_picture_holds(tmp_path, monkeypatch):
+    from helpers.plots import drawn
+
+    from mpidp.doctor import diagnose
+    from mpidp.doctor.plot import draw
+
+    figures = drawn(monkeypatch)
+    stuck = {"id": "world", "size": 2, "rank": 0, "members": [0, 1], "calls": [
+        {"seq": 0, "t": 0.0, "state": "started", "collective": "allreduce", "count": 8,
+         "site": "s.py:1", "round": 1, "pending": [{"peer": 1, "kind": "recv"}]}]}
+    records = {0: {"rank": 0, "size": 2, "threads": [], "comms": [stuck], "job": "j"},
+               1: _finished_record(1, 2)}
+    draw(diagnose(records), str(tmp_path / "g.png"))
+    labels = {t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()}
+    assert "no record" not in labels and "finished" in labels, labels
+    del records[1]
+    draw(diagnose(records), str(tmp_path / "g.png"))
+    labels = {t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()}
+    assert "no record" in labels and "finished" not in labels, labels

@@ -52,7 +52,7 @@ _items = Int(0, MAX_COUNT)
 # an exact sum, its count either of those
 COUNT = Either((_items, List(Either((_items, List(_items, MAX_RANKS))), MAX_RANKS)))
 FRAME = Record({"file": Text(), "line": Optional(Int(0, 1 << 31)), "function": Text(),
-                "code": Optional(Text(1 << 16))}, optional=frozenset({"line", "code"}))
+                "code": Optional(Text(1 << 16))})
 PENDING = Record({"peer": _rank, "kind": Text(choices=("send", "recv")), "known": Bool()},
                  optional=frozenset({"known"}))
 CALL = Record({
