@@ -326,7 +326,7 @@ def test_a_cycle_is_printed_along_waits_the_edge_list_holds():
 
     edges = [{"from": a, "to": b} for a, b in ((0, 1), (1, 0), (1, 2), (2, 1))]
     (cycle,) = _cycles(range(3), edges)
-    pairs = set(zip(cycle, cycle[1:] + cycle[:1]))
+    pairs = set(zip(cycle, cycle[1:] + cycle[:1], strict=True))
     assert pairs <= {(e["from"], e["to"]) for e in edges}, cycle
     # a ring of 3000 waits: no recursion limit reached
     ring = [{"from": r, "to": (r + 1) % 3000} for r in range(3000)]

@@ -356,9 +356,10 @@ def _cause(d, comms, failed) -> dict:
             kind = "cycle"
             cyc = " -> ".join(map(str, d["cycles"][0] + d["cycles"][0][:1]))
             text = (f"{ranks_text(behind)} never reached {what}, which {ranks_text(waiting)} "
-                    f"{verb(waiting, 'waits', 'wait')} in: rank {r} is {d['where'][r]['text']}, and the ranks wait for "
-                    f"each other in a cycle ({cyc}): they call collectives on different "
-                    "communicators in different orders")
+                    f"{verb(waiting, 'waits', 'wait')} in: rank {r} is "
+                    f"{d['where'][r]['text']}, and the ranks wait for each other in a cycle "
+                    f"({cyc}): they call collectives on different communicators in different "
+                    "orders")
         else:
             kind = {"collective": "other_collective", "p2p": "p2p",
                     "finished": "finished"}.get(kinds[r], "computing")

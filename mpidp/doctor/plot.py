@@ -25,7 +25,7 @@ def draw(d: dict, path: str) -> None:
     n = d["size"]
     pos = {r: (math.sin(2 * math.pi * r / n), math.cos(2 * math.pi * r / n)) for r in range(n)}
     fig, ax = plt.subplots(figsize=(6.5, 6.5))
-    in_cycle = {pair for c in d["cycles"] for pair in zip(c, c[1:] + c[:1])}
+    in_cycle = {pair for c in d["cycles"] for pair in zip(c, c[1:] + c[:1], strict=True)}
     labels: dict[tuple, list[str]] = {}
     for e in d["edges"]:
         labels.setdefault((e["from"], e["to"]), []).append(e["label"])
