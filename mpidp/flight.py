@@ -17,14 +17,10 @@ Identity, so that `mpidp.doctor` can line the ranks' records up:
   launchers), ``OMPI_MCA_ess_base_jobid`` (Open MPI 4), else under ``python -m
   mpidp`` world rank 0's ``host:pid`` (learned at start-up, `learn_peers`: MPICH's
   Hydra sets no job variable), else None;
-- a communicator: ``world`` and ``self``; a duplicate (``Dup``, ``Idup``,
-  ``Dup_with_info``, whichever wrapper made it) is its parent's id and its place
-  in the order of the parent's duplicates, ``world.0``, ``world.1``, ``world.0.0``
-  (an MPI attribute copy callback numbers them, on every member alike, since a
-  duplication is collective over the parent). A communicator made otherwise
-  (``Split``, ``Create``) is named by its members, in world ranks, and its place
-  in the order this rank first used such a communicator: ``g<crc>#k``; the
-  record holds the members, which the doctor checks.
+- a communicator: ``world``, ``self``, ``world.0`` for a duplicate, ``g<crc>#k``
+  for a ``Split``'s, the same on every member and different for every
+  communicator (`mpidp.commid` says how); the record holds the members, which the
+  doctor checks, and for a ``Split``'s the numbers its id is made of (``parts``).
 
 Dumps: `dump` writes this rank's record and the Python stack of every thread as
 one JSON file, ``flight-rank-<world rank>.json`` in ``MPIDP_FLIGHT_DIR`` (default
@@ -50,11 +46,10 @@ import threading
 import time
 import traceback
 import weakref
-import zlib
 
 from mpi4py import MPI
 
-from . import config, files, untrusted
+from . import commid, config, files, untrusted
 
 DEFAULT_K = 64
 DEFAULT_DIR = "mpidp-flight"
@@ -140,17 +135,26 @@ def fail(entry: list, e: BaseException) -> None:
 class Recorder:
     """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
 
-    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "append", "__weakref__")
+    __slots__ = ("ident", "agreeing", "how", "size", "rank", "members", "calls", "append",
+                 "__weakref__")
 
     def __init__(self, base, k: int):
         self.calls: collections.deque = collections.deque(maxlen=k)
         self.append = self.calls.append  # (bound once: `add` is on every call's path)
-        self.comm_id, self.how, self.members = _identify(base)
+        self.ident, self.how, self.members = commid.identify(base)
+        self.agreeing = self.ident.agreement  # (None once its numbers are all in)
         try:
             self.size, self.rank = base.Get_size(), base.Get_rank()
         except Exception:  # noqa: BLE001 - a comm-like object
             self.size = self.rank = None
         _recorders.add(self)
+
+    @property
+    def comm_id(self) -> str:
+        """The communicator's id (`mpidp.commid`), as far as its members agree on it yet."""
+        if self.agreeing is not None and self.agreeing.progress():
+            self.agreeing = None
+        return self.ident.name
 
     def add(self, seq) -> list:
         """Record a call numbered `seq`, made from the first frame outside mpidp: the
@@ -171,6 +175,8 @@ class Recorder:
             code = f.f_code
         entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
         self.append(entry)
+        if self.agreeing is not None and self.agreeing.progress():  # the id's numbers in
+            self.agreeing = None
         return entry
 
 
@@ -186,48 +192,11 @@ def recorder(base) -> Recorder | None:
     return Recorder(base, k)
 
 
-# ------------------------------------------------------------ identity
-
-class _Ident:
-    """The attribute that names a communicator; its duplicates get numbered names."""
-
-    def __init__(self, name: str):
-        self.name, self.children = name, 0
-
-
-def _copy(comm, keyval, parent: _Ident) -> _Ident:  # MPI calls it in Dup, on every member
-    child = _Ident(f"{parent.name}.{parent.children}")
-    parent.children += 1
-    return child
-
+# ------------------------------------------------------------ identity (`mpidp.commid`)
 
 # another thread (SIGUSR1's) asks MPI about requests only where MPI allows it
 _MULTIPLE = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 _WORLD = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()  # a dump makes no MPI call
-_idkey = MPI.Comm.Create_keyval(copy_fn=_copy)
-MPI.COMM_WORLD.Set_attr(_idkey, _Ident("world"))
-MPI.COMM_SELF.Set_attr(_idkey, _Ident("self"))
-_first_use: collections.Counter = collections.Counter()  # members -> comms named by use
-
-
-def _identify(base) -> tuple[str, str, list[int] | None]:
-    """(id, how it was given: "creation" or "first use", the members' world ranks)."""
-    if not isinstance(base, MPI.Comm):
-        _first_use["local"] += 1
-        return f"local#{_first_use['local'] - 1}", "first use", None
-    try:
-        members = list(base.Get_group().Translate_ranks(range(base.Get_size()),
-                                                        MPI.COMM_WORLD.Get_group()))
-    except MPI.Exception:  # an intercommunicator's remote side, a freed group
-        members = None
-    ident = base.Get_attr(_idkey)
-    if ident is not None:
-        return ident.name, "creation", members
-    key = zlib.crc32(repr(members).encode())
-    name = f"g{key:08x}#{_first_use[key]}"
-    _first_use[key] += 1
-    base.Set_attr(_idkey, _Ident(name))  # its duplicates are numbered from it
-    return name, "first use", members
 
 
 _peers: list | None = None  # (host, pid) of every world rank, under python -m mpidp
@@ -355,10 +324,14 @@ def record(reason: str, error: BaseException | None = None) -> dict:
     """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
     frames = sys._current_frames()
     comms = []
+    mpi_ok = threading.current_thread() is threading.main_thread() or _MULTIPLE
     for r in list(_recorders):
         calls = list(r.calls)
-        comms.append({"id": r.comm_id, "how": r.how, "size": r.size, "rank": r.rank,
+        agreement = r.ident.agreement if r.ident.parent is None else None
+        cid = r.comm_id if mpi_ok else r.ident.name  # (comm_id asks MPI for the numbers)
+        comms.append({"id": cid, "how": r.how, "size": r.size, "rank": r.rank,
                       "members": r.members,
+                      **({"parts": list(agreement.parts)} if agreement else {}),
                       "calls": [_entry(e, frames.values()) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,

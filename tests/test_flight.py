@@ -236,3 +236,30 @@ def test_the_launcher_asks_a_rank_whose_record_is_an_earlier_jobs(tmp_path, monk
     flight.ask_peers()
     assert sorted(sent) == [(1001, signal.SIGUSR1), (1003, signal.SIGUSR1),
                             (1004, signal.SIGUSR1)], sent
+
+
+@pytest.mark.mpi(ranks=[3], timeout=60)
+def test_two_splits_with_the_same_members_get_ids_their_members_agree_on(no_debug_check):
+    """Two Splits of the same members, used in opposite orders on one rank (I-forms: no
+    deadlock here), used to be named by each rank's order of first use: rank 2's first was
+    the others' second, so one id named different communicators on different ranks."""
+    world = MPI.COMM_WORLD
+    a, b = world.Split(0, world.Get_rank()), world.Split(0, world.Get_rank())
+    x, y = np.ones(4), np.ones(4)
+    first, second = (b, a) if world.Get_rank() == 2 else (a, b)
+    r1 = mpidp.iallreduce(first, MPI.IN_PLACE, x, algorithm="ring")
+    r2 = mpidp.iallreduce(second, MPI.IN_PLACE, y, algorithm="ring")
+    while not (r1.test() & r2.test()):  # both driven: each waits for the other's on rank 2
+        os.sched_yield()
+    end = time.monotonic() + 20
+    while not all(getattr(state(c).flight, "agreeing", None) is None for c in (a, b)) \
+            and time.monotonic() < end:
+        time.sleep(0.01)  # (each look takes in the numbers that arrived)
+        [state(c).flight.comm_id for c in (a, b)]
+    ids = world.allgather((state(a).flight.comm_id, state(b).flight.comm_id))
+    assert len(set(ids)) == 1 and ids[0][0] != ids[0][1], ids
+    assert "?" not in ids[0][0] + ids[0][1], ids
+    rec = {c["id"]: c for c in flight.record("test")["comms"]}
+    assert rec[ids[0][0]]["parts"] == [0, 0, 1] and rec[ids[0][1]]["parts"] == [1, 1, 0]
+    a.Free()
+    b.Free()
