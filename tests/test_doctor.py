@@ -73,6 +73,13 @@ SCENARIOS = {
         mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
         mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
     """, [], "cycle", [2], 0),
+    # the same with two Splits of the same members: their ids are agreed on (mpidp.commid)
+    "splits": (3, """
+        a, b = comm.Split(0, rank), comm.Split(0, rank)
+        first, second = (b, a) if rank == 2 else (a, b)
+        mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
+        mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
+    """, [], "cycle", [2], 0),
     "recv": (8, """
         if rank == 4:
             comm.Recv(np.empty(1), source=0, tag=7)  # <site>
@@ -246,7 +253,7 @@ def test_unreadable_input_is_exit_2(tmp_path, capsys):
 
 # the scenarios whose hang lies in the collectives themselves, and two whose lies outside
 # them (a rank sleeping, in its own Recv: it shows as finished, the others stall as they did)
-REPLAYED = ["skip", "order", "count", "dups", "sleeper", "recv"]
+REPLAYED = ["skip", "order", "count", "dups", "splits", "sleeper", "recv"]
 
 
 def in_flight(folder) -> dict[int, set]:

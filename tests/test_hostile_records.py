@@ -286,3 +286,33 @@ def test_records_whose_fields_are_well_typed_but_inconsistent_are_handled(data):
 
     missing = data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1))
     run_doctor(job(n, missing=missing, calls=calls))
+
+
+def test_a_splits_records_are_lined_up_by_the_numbers_its_members_know():
+    """Ranks 0, 1 wait in Split a (their first of two with these members), rank 2 in b (its
+    first): each record knows the numbers that arrived. Ranks 0 and 1 know each other's,
+    so theirs is one communicator; rank 2 knows neither's: another."""
+    from mpidp import commid
+    from mpidp.doctor import diagnose
+    from mpidp.doctor.records import name_of, unify
+
+    known = {0: [0, 0, None], 1: [0, 0, None], 2: [None, None, 0]}
+
+    def calls(r):
+        return [dict(CALL, seq=0, state="started", round=1, done=False,
+                     pending=[{"peer": (r - 1) % 3, "kind": "recv"}])]
+
+    recs = job(3, calls=calls)
+    for r, rec in recs.items():
+        rec["comms"][0].update(id=name_of("g1234abcd", [p if i == r else None
+                                                       for i, p in enumerate(known[r])]),
+                               how="first use", parts=known[r])
+    unify(recs)
+    ids = [recs[r]["comms"][0]["id"] for r in range(3)]
+    assert ids[0] == ids[1] == "g1234abcd#0-0-?" and ids[2] == "g1234abcd#?-?-0", ids
+    d = diagnose(recs)
+    # (the stacks are this test's: rank 2 reads as computing, not in a collective)
+    assert d["cycles"] == [[0, 2, 1]] and d["cause"]["ranks"] == [2], (d["cycles"], d["cause"])
+    assert d["cause"]["comm"] == ids[0], d["cause"]
+    for parts in ([0, 0, 0], [1, 0, 2], [None, 3, None]):
+        assert name_of("g1", parts) == commid.name_of("g1", parts)

@@ -67,8 +67,9 @@ CALL = Record({
                        "pending"}))
 COMM = Record({"id": Text(256), "how": Text(64), "size": Optional(Int(1, MAX_RANKS)),
                "rank": Optional(_rank), "members": Optional(List(_rank, MAX_RANKS)),
+               "parts": List(Optional(Int(0, 1 << 40)), MAX_RANKS),
                "calls": List(CALL, config.FLIGHT_MAX)},
-              optional=frozenset({"how", "size", "rank", "members"}))
+              optional=frozenset({"how", "size", "rank", "members", "parts"}))
 THREAD = Record({"name": Text(), "main": Bool(), "dumping": Bool(),
                  "stack": List(FRAME, 1 << 16)}, optional=frozenset({"name", "dumping"}))
 RECORD = Record({
@@ -97,7 +98,11 @@ def check_record(rec, where: str) -> dict:
                 raise InputError(f"{at}.members: not {size} different ranks")
             if max(members) >= rec["size"]:
                 raise InputError(f"{at}.members: a rank beyond the job's {rec['size']}")
-        rank = c.get("rank")
+        parts, rank = c.get("parts"), c.get("rank")
+        if parts is not None and (len(parts) != size or members is None or rank is None
+                                  or "#" not in c["id"]):
+            raise InputError(f"{at}.parts: not one number per member of a communicator "
+                             "named at first use (with members, rank and an id g<crc>#...)")
         if rank is not None and size is not None and rank >= size:
             raise InputError(f"{at}.rank: {rank} is not below its size {size}")
         if members is not None and rank is not None and members[rank] != rec["rank"]:
@@ -141,4 +146,52 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
     if len(sizes) > 1:
         path = next(p for p, rec in by_job[newest].values() if rec["size"] != max(sizes))
         raise Unreadable(f"{path}: size: the records of job {newest} say {sorted(sizes)} ranks")
+    unify(records)
     return records, notes
+
+
+def name_of(key: str, parts: list) -> str:
+    """A communicator's id from its members' numbers, as `mpidp.commid.name_of` makes it
+    (which the doctor does not import: it starts MPI)."""
+    if None not in parts and len(set(parts)) == 1:
+        return f"{key}#{parts[0]}"
+    return f"{key}#" + "-".join("?" if p is None else str(p) for p in parts)
+
+
+def unify(records: dict[int, dict]) -> None:
+    """Give the records of one communicator named at first use one id (`mpidp.commid`):
+    a member whose number had not arrived yet where a record was written holds a ``?``.
+    Two ranks' records name the same communicator if their members are the same, their
+    known numbers agree, and at least one knows the other's number (it has arrived: a
+    member that never used the communicator never sent it). Ids change in place, with
+    the duplicates' ids made from them."""
+    found = [(r, c) for r, rec in sorted(records.items()) for c in rec["comms"]
+             if c.get("parts") is not None]
+    group = list(range(len(found)))
+
+    def top(i):
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    for i, (ri, ci) in enumerate(found):
+        for j in range(i):
+            rj, cj = found[j]
+            if ri == rj or ci["members"] != cj["members"] or \
+                    ci["id"].split("#")[0] != cj["id"].split("#")[0]:
+                continue
+            pi, pj = ci["parts"], cj["parts"]
+            if all(a is None or b is None or a == b for a, b in zip(pi, pj, strict=True)) \
+                    and (pi[cj["rank"]] is not None or pj[ci["rank"]] is not None):
+                group[top(i)] = top(j)
+    merged: dict[int, list] = {}
+    for i, (_, c) in enumerate(found):
+        parts = merged.setdefault(top(i), [None] * len(c["parts"]))
+        for m, p in enumerate(c["parts"]):
+            parts[m] = p if p is not None else parts[m]
+    for i, (r, c) in enumerate(found):
+        old, new = c["id"], name_of(c["id"].split("#")[0], merged[top(i)])
+        for other in records[r]["comms"]:  # itself, and its duplicates (old.0, old.1, ...)
+            if other["id"] == old or other["id"].startswith(old + "."):
+                other["id"] = new + other["id"][len(old):]
