@@ -37,6 +37,7 @@ goes on.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import signal
@@ -339,6 +340,41 @@ def record(reason: str, error: BaseException | None = None) -> dict:
             "exception": _exception(error)}
 
 
+def unfinished() -> list[str]:
+    """The collectives started and not complete whose request the program dropped (an
+    I-form never waited on, a persistent one's last Start): what MPI would leave as its
+    requests pending at exit."""
+    out = []
+    for r in list(_recorders):
+        for e in list(r.calls):
+            request = e[REQUEST]
+            if e[STATE] not in (STARTED, PERSISTENT) or request is None or \
+                    getattr(request, "done", True) or e[SIGNED] is None:
+                continue
+            file, line = site(e)
+            out.append(f"{e[SIGNED].collective} #{e[SEQ]} on {r.ident.name} (called at "
+                       f"{file}:{line})")
+    return out
+
+
+def _at_exit() -> None:
+    """At a clean exit (before MPI_Finalize: atexit runs mpi4py's after this, registered
+    before it), one line naming the collectives left in flight."""
+    if ending or MPI.Is_finalized():
+        return
+    try:
+        left = unfinished()
+    except Exception:  # noqa: BLE001 - the program is ending: say nothing rather than fail
+        return
+    if left:
+        more = f", and {len(left) - 3} more" if len(left) > 3 else ""
+        verb = "was" if len(left) == 1 else "were"
+        sys.stderr.write(f"mpidp: rank {_WORLD[0]} of {_WORLD[1]}: at exit, "
+                         f"{'; '.join(left[:3])}{more} {verb} started and never completed "
+                         f"(its request never waited on)\n")
+
+
+atexit.register(_at_exit)
 _dump_lock = threading.Lock()
 
 

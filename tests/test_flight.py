@@ -263,3 +263,32 @@ def test_two_splits_with_the_same_members_get_ids_their_members_agree_on(no_debu
     assert rec[ids[0][0]]["parts"] == [0, 0, 1] and rec[ids[0][1]]["parts"] == [1, 1, 0]
     a.Free()
     b.Free()
+
+
+def test_a_request_never_waited_on_is_named_at_exit(tmp_path, mpiexec):
+    """An I-form whose request the program never waits on left only MPI's own words at
+    exit (MPICH: "pending references"): each rank names it, in one line on stderr."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "unwaited.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        import mpidp
+        comm = MPI.COMM_WORLD.Dup()
+        x = np.ones(1 << 12)
+        mpidp.allreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
+        request = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="ring")  # never waited
+        comm.Barrier()
+    """))
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "HYDRA_", "PYTEST_ISOLATE_MPI"))}
+    p = subprocess.run([*mpiexec, "-n", "2", sys.executable, str(script)], env=clean,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpidp: rank ")]
+    assert len(lines) == 2, p.stderr
+    for r in (0, 1):
+        line = next(x for x in lines if x.startswith(f"mpidp: rank {r} of 2: at exit, "))
+        assert f"allreduce #1 on world.0 (called at {script}:8) was started and never " \
+               "completed (its request never waited on)" in line, line
