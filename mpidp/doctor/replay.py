@@ -124,6 +124,8 @@ def programs(records: dict[int, dict]) -> tuple[list, list[str], list[str], dict
             members = tuple(c["members"]) if c.get("members") else tuple(range(c["size"]))
             sub = tuple(placement[m] if m < size else 0 for m in members)
             for k in c["calls"]:
+                if k.get("seq") is None and k.get("state") == "complete":
+                    continue  # not one of mpidp's (the placement query): nothing to replay
                 if k.get("seq") is None and start.get(c["id"], 0) > 0 or \
                         k.get("seq") is not None and k["seq"] < start.get(c["id"], 0):
                     continue
