@@ -363,6 +363,8 @@ def _at_exit() -> None:
     if ending or MPI.Is_finalized():
         return
     try:
+        for r in list(_recorders):  # the ids' numbers that arrived: their requests done
+            r.comm_id  # noqa: B018 - (the property takes them in)
         left = unfinished()
     except Exception:  # noqa: BLE001 - the program is ending: say nothing rather than fail
         return
