@@ -172,7 +172,8 @@ def _first_difference(comm: Comm, records) -> dict | None:
         if len(groups) > 1 or (behind and waiting):
             return {"comm": comm.id, "seq": s, "behind": behind, "waiting": waiting,
                     "groups": [{"ranks": rs, "call": describe(have[rs[0]]),
-                                "collective": have[rs[0]].get("collective"),
+                                # (a call that raised before its signature has none)
+                                "collective": have[rs[0]].get("collective") or "?",
                                 "sites": sorted({have[r]["site"] for r in rs}),
                                 "states": sorted({have[r]["state"] for r in rs})}
                                for rs in sorted(groups.values(), key=lambda g: (-len(g), g))]}
