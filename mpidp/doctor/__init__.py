@@ -153,7 +153,7 @@ def _in_flight(records) -> list[dict]:
         for c in rec["comms"]:
             for call in c["calls"]:
                 if call.get("state") in IN_FLIGHT:
-                    out.append({"rank": rank, "comm": c["id"], **call})
+                    out.append({**call, "rank": rank, "comm": c["id"]})  # (ours override its own)
     return out
 
 

@@ -62,7 +62,7 @@ CALL = Record({
     "collective": Text(64), "count": COUNT, "dtype": Text(256), "op": Text(64),
     "algorithm": Text(256), "root": Optional(_rank), "error": _long,
     "round": Optional(Int(0, 1 << 31)), "done": Bool(), "pending": List(PENDING, MAX_RANKS),
-}, optional=frozenset({"seq", "tag", "site", "file", "line", "blocking", "collective", "count",
+}, optional=frozenset({"tag", "site", "file", "line", "blocking", "collective", "count",
                        "dtype", "op", "algorithm", "root", "error", "round", "done",
                        "pending"}))
 COMM = Record({"id": Text(256), "how": Text(64), "size": Optional(Int(1, MAX_RANKS)),
