@@ -3,7 +3,8 @@
 ``VARIABLES`` names them all, each with the function that turns its text into a
 value (MPIDP_DEBUG: 1/true/yes/on or 0/false/no/off; MPIDP_TIMEOUT: seconds > 0;
 MPIDP_COST: "default" or 3 to 5 numbers; MPIDP_STAGING, MPIDP_CUDA_AWARE: 1 or 0;
-MPIDP_FLIGHT: a whole number >= 0; MPIDP_FLIGHT_DIR: a folder).
+MPIDP_FLIGHT: a whole number from 0 to `FLIGHT_MAX`; MPIDP_FLIGHT_DIR: a folder, ``~``
+expanded).
 Unset and empty mean the same; surrounding spaces are ignored. The one table of
 their values and defaults is in docs/failures.md ("Environment variables").
 
@@ -77,6 +78,11 @@ def _cost(name: str, value: str) -> str | tuple[float, ...] | None:
     return numbers
 
 
+# MPIDP_FLIGHT's bound: a deque's length must fit a C ssize_t, and a record of more calls
+# per communicator than this (each dumped entry ~0.5 kB) is more than anyone reads
+FLIGHT_MAX = 1 << 16
+
+
 def _count(name: str, value: str) -> int | None:
     text = value.strip()
     if not text:
@@ -85,13 +91,16 @@ def _count(name: str, value: str) -> int | None:
         k = int(text)
     except ValueError:
         k = -1
-    if k < 0:
-        raise _error(name, value, "a whole number >= 0 (0: off)")
+    if not 0 <= k <= FLIGHT_MAX:
+        raise _error(name, value, f"a whole number >= 0 (0: off), at most {FLIGHT_MAX}")
     return k
 
 
-def _path(name: str, value: str) -> str | None:
-    return value.strip() or None
+def _folder(name: str, value: str) -> str | None:
+    """A folder, with a leading ``~`` expanded as a shell would (the variable is often set
+    in quotes, where the shell does not)."""
+    text = value.strip()
+    return os.path.expanduser(text) if text else None
 
 
 def _choice(values: dict[str, object]) -> Callable[[str, str], object]:
@@ -112,7 +121,7 @@ VARIABLES: dict[str, Callable[[str, str], object]] = {
     "MPIDP_STAGING": _choice({"1": "all", "0": "off", "": "auto"}),
     "MPIDP_CUDA_AWARE": _choice({"1": True, "0": False, "": None}),
     "MPIDP_FLIGHT": _count,  # collectives kept per communicator (mpidp.flight); None: 64
-    "MPIDP_FLIGHT_DIR": _path,  # where each rank's record is dumped; None: ./mpidp-flight
+    "MPIDP_FLIGHT_DIR": _folder,  # where each rank's record is dumped; None: ./mpidp-flight
 }
 
 

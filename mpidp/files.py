@@ -35,17 +35,18 @@ class WriteError(OSError):
     """A file cannot be written where it was asked for (one line, naming the path)."""
 
 
-def target(path: str) -> str:
-    """Where `replace` writes for `path`: the file a symlink points to, else `path`;
-    WriteError if that exists and is not a regular file."""
-    real = os.path.realpath(os.path.expanduser(path))
+def target(path: str, follow: bool = True) -> str:
+    """Where `replace` writes for `path`: the file a symlink points to (`follow`), else
+    `path`; WriteError if that exists and is not a regular file (nor, unfollowed, a link)."""
+    path_ = os.path.expanduser(path)
+    real = os.path.realpath(path_) if follow else os.path.abspath(path_)
     try:
-        mode = os.stat(real).st_mode
+        mode = (os.stat if follow else os.lstat)(real).st_mode
     except FileNotFoundError:
         return real
     except OSError as e:
         raise WriteError(f"{path}: cannot be written ({e.strerror})") from None
-    if not stat.S_ISREG(mode):
+    if not (stat.S_ISREG(mode) or (not follow and stat.S_ISLNK(mode))):
         raise WriteError(f"{path}: exists and is not a regular file (a device, FIFO, socket "
                          "or folder): refused, it would be replaced by a regular file")
     return real
@@ -60,10 +61,12 @@ def temp_name(path: str) -> str:
 _TEMP_PREFIX, _TEMP_SUFFIX = ".{}.", ".tmp"  # mkstemp puts 8 random characters between
 
 
-def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
+def replace(path: str, write: Callable[[IO], None], text: bool = False,
+            follow: bool = True) -> None:
     """Write `path` atomically: `write(f)` fills a fresh temporary file beside the target,
-    which is then renamed over it (WriteError on any failure; the old file stays)."""
-    real = target(path)
+    which is then renamed over it (WriteError on any failure; the old file stays).
+    `follow=False`: a symlink at `path` is replaced, not followed."""
+    real = target(path, follow)
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
         raise WriteError(f"{path}: no such folder {folder}")
@@ -77,7 +80,8 @@ def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the name points at it
-        if os.path.exists(real):  # keep the old file's permissions, not mkstemp's 0600
+        if os.path.exists(real) and (follow or not os.path.islink(real)):
+            # keep the old file's permissions, not mkstemp's 0600
             os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
         else:
             os.chmod(tmp, 0o666 & ~_umask())
@@ -91,9 +95,9 @@ def replace(path: str, write: Callable[[IO], None], text: bool = False) -> None:
     _fsync_folder(folder)
 
 
-def write_json(path: str, data, **dump_args) -> None:
+def write_json(path: str, data, follow: bool = True, **dump_args) -> None:
     """`replace` with `data` as JSON text."""
-    replace(path, lambda f: json.dump(data, f, **dump_args), text=True)
+    replace(path, lambda f: json.dump(data, f, **dump_args), text=True, follow=follow)
 
 
 def write_text(path: str, content: str) -> None:

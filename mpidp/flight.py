@@ -17,19 +17,16 @@ Identity, so that `mpidp.doctor` can line the ranks' records up:
   launchers), ``OMPI_MCA_ess_base_jobid`` (Open MPI 4), else under ``python -m
   mpidp`` world rank 0's ``host:pid`` (learned at start-up, `learn_peers`: MPICH's
   Hydra sets no job variable), else None;
-- a communicator: ``world`` and ``self``; a duplicate (``Dup``, ``Idup``,
-  ``Dup_with_info``, whichever wrapper made it) is its parent's id and its place
-  in the order of the parent's duplicates, ``world.0``, ``world.1``, ``world.0.0``
-  (an MPI attribute copy callback numbers them, on every member alike, since a
-  duplication is collective over the parent). A communicator made otherwise
-  (``Split``, ``Create``) is named by its members, in world ranks, and its place
-  in the order this rank first used such a communicator: ``g<crc>#k``; the
-  record holds the members, which the doctor checks.
+- a communicator: ``world``, ``self``, ``world.0`` for a duplicate, ``g<crc>#k``
+  for a ``Split``'s, the same on every member and different for every
+  communicator (`mpidp.commid` says how); the record holds the members, which the
+  doctor checks, and for a ``Split``'s the numbers its id is made of (``parts``).
 
 Dumps: `dump` writes this rank's record and the Python stack of every thread as
 one JSON file, ``flight-rank-<world rank>.json`` in ``MPIDP_FLIGHT_DIR`` (default
-``mpidp-flight`` in the working folder), atomically (a temporary file, then a
-rename), and never waits for another rank. It is called on demand, by
+``mpidp-flight`` in the working folder), atomically, through `mpidp.files` (a
+temporary file of its own, then a rename; a link planted at the record's name is
+replaced, never followed), and never waits for another rank. It is called on demand, by
 `watchdog.abort` (a deadline passed, or the program raised under ``python -m
 mpidp``; the abort then waits `watchdog.FLIGHT_MARGIN_S` so that the other
 ranks write theirs), and on ``SIGUSR1`` (`install`): Python runs signal handlers
@@ -40,8 +37,8 @@ goes on.
 
 from __future__ import annotations
 
+import atexit
 import collections
-import json
 import os
 import signal
 import socket
@@ -50,14 +47,14 @@ import threading
 import time
 import traceback
 import weakref
-import zlib
 
 from mpi4py import MPI
 
-from . import config
+from . import commid, config, files, untrusted
 
 DEFAULT_K = 64
 DEFAULT_DIR = "mpidp-flight"
+RECORD_MAX_BYTES = 256 << 20  # what `ask_peers` reads of a record (the doctor's bound too)
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
@@ -139,17 +136,26 @@ def fail(entry: list, e: BaseException) -> None:
 class Recorder:
     """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
 
-    __slots__ = ("comm_id", "how", "size", "rank", "members", "calls", "append", "__weakref__")
+    __slots__ = ("ident", "agreeing", "how", "size", "rank", "members", "calls", "append",
+                 "__weakref__")
 
     def __init__(self, base, k: int):
         self.calls: collections.deque = collections.deque(maxlen=k)
         self.append = self.calls.append  # (bound once: `add` is on every call's path)
-        self.comm_id, self.how, self.members = _identify(base)
+        self.ident, self.how, self.members = commid.identify(base)
+        self.agreeing = self.ident.agreement  # (None once its numbers are all in)
         try:
             self.size, self.rank = base.Get_size(), base.Get_rank()
         except Exception:  # noqa: BLE001 - a comm-like object
             self.size = self.rank = None
         _recorders.add(self)
+
+    @property
+    def comm_id(self) -> str:
+        """The communicator's id (`mpidp.commid`), as far as its members agree on it yet."""
+        if self.agreeing is not None and self.agreeing.progress():
+            self.agreeing = None
+        return self.ident.name
 
     def add(self, seq) -> list:
         """Record a call numbered `seq`, made from the first frame outside mpidp: the
@@ -170,6 +176,8 @@ class Recorder:
             code = f.f_code
         entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
         self.append(entry)
+        if self.agreeing is not None and self.agreeing.progress():  # the id's numbers in
+            self.agreeing = None
         return entry
 
 
@@ -185,48 +193,11 @@ def recorder(base) -> Recorder | None:
     return Recorder(base, k)
 
 
-# ------------------------------------------------------------ identity
-
-class _Ident:
-    """The attribute that names a communicator; its duplicates get numbered names."""
-
-    def __init__(self, name: str):
-        self.name, self.children = name, 0
-
-
-def _copy(comm, keyval, parent: _Ident) -> _Ident:  # MPI calls it in Dup, on every member
-    child = _Ident(f"{parent.name}.{parent.children}")
-    parent.children += 1
-    return child
-
+# ------------------------------------------------------------ identity (`mpidp.commid`)
 
 # another thread (SIGUSR1's) asks MPI about requests only where MPI allows it
 _MULTIPLE = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 _WORLD = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()  # a dump makes no MPI call
-_idkey = MPI.Comm.Create_keyval(copy_fn=_copy)
-MPI.COMM_WORLD.Set_attr(_idkey, _Ident("world"))
-MPI.COMM_SELF.Set_attr(_idkey, _Ident("self"))
-_first_use: collections.Counter = collections.Counter()  # members -> comms named by use
-
-
-def _identify(base) -> tuple[str, str, list[int] | None]:
-    """(id, how it was given: "creation" or "first use", the members' world ranks)."""
-    if not isinstance(base, MPI.Comm):
-        _first_use["local"] += 1
-        return f"local#{_first_use['local'] - 1}", "first use", None
-    try:
-        members = list(base.Get_group().Translate_ranks(range(base.Get_size()),
-                                                        MPI.COMM_WORLD.Get_group()))
-    except MPI.Exception:  # an intercommunicator's remote side, a freed group
-        members = None
-    ident = base.Get_attr(_idkey)
-    if ident is not None:
-        return ident.name, "creation", members
-    key = zlib.crc32(repr(members).encode())
-    name = f"g{key:08x}#{_first_use[key]}"
-    _first_use[key] += 1
-    base.Set_attr(_idkey, _Ident(name))  # its duplicates are numbered from it
-    return name, "first use", members
 
 
 _peers: list | None = None  # (host, pid) of every world rank, under python -m mpidp
@@ -354,10 +325,14 @@ def record(reason: str, error: BaseException | None = None) -> dict:
     """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
     frames = sys._current_frames()
     comms = []
+    mpi_ok = threading.current_thread() is threading.main_thread() or _MULTIPLE
     for r in list(_recorders):
         calls = list(r.calls)
-        comms.append({"id": r.comm_id, "how": r.how, "size": r.size, "rank": r.rank,
+        agreement = r.ident.agreement if r.ident.parent is None else None
+        cid = r.comm_id if mpi_ok else r.ident.name  # (comm_id asks MPI for the numbers)
+        comms.append({"id": cid, "how": r.how, "size": r.size, "rank": r.rank,
                       "members": r.members,
+                      **({"parts": list(agreement.parts)} if agreement else {}),
                       "calls": [_entry(e, frames.values()) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
@@ -365,40 +340,88 @@ def record(reason: str, error: BaseException | None = None) -> dict:
             "exception": _exception(error)}
 
 
+def unfinished() -> list[str]:
+    """The collectives started and not complete whose request the program dropped (an
+    I-form never waited on, a persistent one's last Start): what MPI would leave as its
+    requests pending at exit."""
+    out = []
+    for r in list(_recorders):
+        for e in list(r.calls):
+            request = e[REQUEST]
+            if e[STATE] not in (STARTED, PERSISTENT) or request is None or \
+                    getattr(request, "done", True) or e[SIGNED] is None:
+                continue
+            file, line = site(e)
+            out.append(f"{e[SIGNED].collective} #{e[SEQ]} on {r.ident.name} (called at "
+                       f"{file}:{line})")
+    return out
+
+
+def _at_exit() -> None:
+    """At a clean exit (before MPI_Finalize: atexit runs mpi4py's after this, registered
+    before it), one line naming the collectives left in flight."""
+    if ending or MPI.Is_finalized():
+        return
+    try:
+        for r in list(_recorders):  # the ids' numbers that arrived: their requests done
+            r.comm_id  # noqa: B018 - (the property takes them in)
+        left = unfinished()
+    except Exception:  # noqa: BLE001 - the program is ending: say nothing rather than fail
+        return
+    if left:
+        more = f", and {len(left) - 3} more" if len(left) > 3 else ""
+        verb = "was" if len(left) == 1 else "were"
+        sys.stderr.write(f"mpidp: rank {_WORLD[0]} of {_WORLD[1]}: at exit, "
+                         f"{'; '.join(left[:3])}{more} {verb} started and never completed "
+                         f"(its request never waited on)\n")
+
+
+atexit.register(_at_exit)
 _dump_lock = threading.Lock()
 
 
 def dump(reason: str = "on demand", where: str | None = None,
          error: BaseException | None = None) -> str:
     """Write this rank's record to ``<where or MPIDP_FLIGHT_DIR>/flight-rank-<r>.json``
-    (atomically: a temporary file, then a rename); return its path. Never waits for
-    another rank; a later dump replaces an earlier one."""
+    (atomically, by `mpidp.files`; a link at that name is replaced); return its path.
+    Never waits for another rank; a later dump replaces an earlier one."""
     where = where or folder()
     os.makedirs(where, exist_ok=True)
     with _dump_lock:
         data = record(reason, error)
         path = os.path.join(where, f"flight-rank-{data['rank']}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, path)
+        # the folder may be shared (under /tmp): a link planted at the record's name is
+        # replaced, not followed, and the temporary file is the writer's (mkstemp)
+        files.write_json(path, data, follow=False, indent=1, default=str)
     return path
 
 
 def ask_peers() -> None:
-    """SIGUSR1 to the ranks on this host that have no record in the folder yet
-    (known only under ``python -m mpidp``): they dump where they are, computing or not."""
+    """SIGUSR1 to the ranks on this host that have no record of their own in the folder yet
+    (known only under ``python -m mpidp``): they dump where they are, computing or not. A
+    record there of another job, or of another process, is not theirs (`_theirs`)."""
     if _peers is None:
         return
     host, me = socket.gethostname(), os.getpid()
-    where = folder()
+    where, job = folder(), job_id()
     for rank, (h, pid) in enumerate(_peers):
-        if h == host and pid != me and not os.path.exists(
-                os.path.join(where, f"flight-rank-{rank}.json")):
+        if h == host and pid != me and not _theirs(
+                os.path.join(where, f"flight-rank-{rank}.json"), job, pid):
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:  # it has ended
                 pass
+
+
+def _theirs(path: str, job: str | None, pid: int) -> bool:
+    """Is the record at `path` one that process `pid` of job `job` wrote?"""
+    if not os.path.exists(path):
+        return False
+    try:
+        rec = untrusted.read_json(path, RECORD_MAX_BYTES)
+    except untrusted.InputError:  # cut off, a FIFO, a link: not a record of theirs
+        return False
+    return isinstance(rec, dict) and rec.get("job") == job and rec.get("pid") == pid
 
 
 # ------------------------------------------------------------ SIGUSR1

@@ -169,6 +169,8 @@ def _end_job(e: BaseException, what: str, comm) -> None:
         return  # every rank exits here, or this one exits cleanly: nothing to end
     if isinstance(e, SystemExit):
         code = e.code if isinstance(e.code, int) else EXIT_ERROR
+        if code % 256 == 0:  # an exit status is taken mod 256: an abort must not read as 0
+            code = EXIT_ERROR
     elif isinstance(e, KeyboardInterrupt):
         code = 130
     else:

@@ -73,6 +73,13 @@ SCENARIOS = {
         mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
         mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
     """, [], "cycle", [2], 0),
+    # the same with two Splits of the same members: their ids are agreed on (mpidp.commid)
+    "splits": (3, """
+        a, b = comm.Split(0, rank), comm.Split(0, rank)
+        first, second = (b, a) if rank == 2 else (a, b)
+        mpidp.allreduce(first, MPI.IN_PLACE, x, algorithm="ring")  # <site>
+        mpidp.allreduce(second, MPI.IN_PLACE, x, algorithm="ring")
+    """, [], "cycle", [2], 0),
     "recv": (8, """
         if rank == 4:
             comm.Recv(np.empty(1), source=0, tag=7)  # <site>
@@ -246,7 +253,7 @@ def test_unreadable_input_is_exit_2(tmp_path, capsys):
 
 # the scenarios whose hang lies in the collectives themselves, and two whose lies outside
 # them (a rank sleeping, in its own Recv: it shows as finished, the others stall as they did)
-REPLAYED = ["skip", "order", "count", "dups", "sleeper", "recv"]
+REPLAYED = ["skip", "order", "count", "dups", "splits", "sleeper", "recv"]
 
 
 def in_flight(folder) -> dict[int, set]:
@@ -292,3 +299,81 @@ def test_the_replay_says_what_it_cannot_replay(diagnosed, name, capsys):
     why = {"killed": "cannot replay: rank 1 left no record",
            "ddp": "a persistent collective (one entry for all its starts)"}[name]
     assert why in out, out
+
+
+def test_the_help_describes_the_doctor_in_whole_sentences(capsys):
+    from mpidp.doctor.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    words = " ".join(capsys.readouterr().out.split())
+    assert "why the job whose flight records are in DIR hung, in plain words" in words, words
+
+
+@pytest.mark.parametrize("where", ["no-such-folder/g.png", "g.txt", "g"])
+def test_a_plot_it_cannot_write_is_one_line_and_exit_2_before_any_work(where, tmp_path,
+                                                                      capsys, monkeypatch):
+    from mpidp.doctor import __main__ as doctor
+
+    def no_work(folder):
+        raise AssertionError("the records were read before --plot was checked")
+
+    monkeypatch.setattr(doctor, "read", no_work)
+    assert doctor.main([str(tmp_path), "--plot", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mpidp.doctor: error: --plot "), err
+    assert str(tmp_path / where) in err, err
+
+
+def test_a_cycle_is_printed_along_waits_the_edge_list_holds():
+    """The strongly connected part {0, 1, 2} of 0 <-> 1 <-> 2 used to print as
+    0 -> 1 -> 2 -> 0, through a wait 2 -> 0 that is not there."""
+    from mpidp.doctor import _cycles
+
+    edges = [{"from": a, "to": b} for a, b in ((0, 1), (1, 0), (1, 2), (2, 1))]
+    (cycle,) = _cycles(range(3), edges)
+    pairs = set(zip(cycle, cycle[1:] + cycle[:1], strict=True))
+    assert pairs <= {(e["from"], e["to"]) for e in edges}, cycle
+    # a ring of 3000 waits: no recursion limit reached
+    ring = [{"from": r, "to": (r + 1) % 3000} for r in range(3000)]
+    assert _cycles(range(3000), ring) == [list(range(3000))]
+
+
+def _finished_record(rank: int, size: int) -> dict:
+    import mpidp.farewell as farewell
+
+    stack = [{"file": "/x/script.py", "line": 3, "function": "<module>", "code": "main()"},
+             {"file": farewell.__file__, "line": 75, "function": "leave",
+              "code": "time.sleep(pause)"}]
+    return {"rank": rank, "size": size, "reason": "deadline", "time": 1.0, "job": "j",
+            "threads": [{"main": True, "stack": stack}], "comms": []}
+
+
+def test_a_rank_whose_program_ended_reads_as_finished_not_sleeping():
+    from mpidp.doctor import where
+
+    w = where(_finished_record(1, 2))
+    assert w["kind"] == "finished" and w["text"].startswith("finished"), w
+    assert "sleeping" not in w["text"] and "farewell" not in w["text"], w
+
+
+def test_the_plot_legend_shows_what_the_picture_holds(tmp_path, monkeypatch):
+    from helpers.plots import drawn
+
+    from mpidp.doctor import diagnose
+    from mpidp.doctor.plot import draw
+
+    figures = drawn(monkeypatch)
+    stuck = {"id": "world", "size": 2, "rank": 0, "members": [0, 1], "calls": [
+        {"seq": 0, "t": 0.0, "state": "started", "collective": "allreduce", "count": 8,
+         "site": "s.py:1", "round": 1, "pending": [{"peer": 1, "kind": "recv"}]}]}
+    records = {0: {"rank": 0, "size": 2, "threads": [], "comms": [stuck], "job": "j"},
+               1: _finished_record(1, 2)}
+    draw(diagnose(records), str(tmp_path / "g.png"))
+    labels = {t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()}
+    assert "no record" not in labels and "finished" in labels, labels
+    del records[1]
+    draw(diagnose(records), str(tmp_path / "g.png"))
+    labels = {t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()}
+    assert "no record" in labels and "finished" not in labels, labels

@@ -57,3 +57,24 @@ def test_what_the_simulator_cannot_run_alone_is_left_out_and_said():
     d = replay(records({0: {"world": [dict(call(0, 0.0), state="persistent")]},
                         1: {"world": [call(0, 0.0)]}}))
     assert "cannot replay" in d["error"] and "persistent" in d["error"]
+
+
+def test_a_rank_stuck_in_a_call_the_replay_leaves_out_is_not_finished_nor_reproduced():
+    """Rank 0 hangs in an exact sum (its two passes one entry: left out), rank 1 in the
+    all-reduce #1 it waits for it in. The replay used to say "reproduced", rank 0 finished."""
+    exact = dict(call(1, 1.0, "started"), algorithm="ring+ring", op="exact_sum")
+    d = replay(records({0: {"world": [call(0, 0.0), exact]},
+                        1: {"world": [call(0, 0.0), call(1, 1.0, "started")]}}))
+    assert not d["reproduced"] and 0 in d["unreplayable"], d
+    out = "\n".join(text(d))
+    assert "rank 0: stuck, in the records, in allreduce #1 on world (an exact sum" in out, out
+    assert "cannot say: rank 0 hangs in the records in calls the replay cannot run" in out, out
+    assert "reproduced" not in out.replace("not reproduced", ""), out
+
+
+def test_one_rank_stalls_and_the_replay_says_what_it_assumed():
+    d = replay(records({0: {"world": [call(0, 0.0), call(1, 1.0, "timed out")]},
+                        1: {"world": [call(0, 0.0)]}}))
+    out = "\n".join(text(d))
+    assert d["reproduced"] and "reproduced: rank 0 stalls in the same" in out, out
+    assert "assumed: a send of at most 65536 bytes completes before its receive" in out, out

@@ -10,6 +10,7 @@ run the entry point with runpy, as ``python -m`` or ``python file.py`` would).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -145,6 +146,21 @@ SCRIPTS = {  # what rank 1 (or every rank) does wrong -> exit code (None: not 0)
             sys.exit(3)
         MPI.COMM_WORLD.Barrier()
     """, 3, "script.py exited with status 3"),
+    # an exit status is taken mod 256: 256 and 512 would end the aborted job with 0
+    "exits 256": ("""
+        import sys
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 1:
+            sys.exit(256)
+        MPI.COMM_WORLD.Barrier()
+    """, 1, "script.py exited with status 256"),
+    "exits 512": ("""
+        import sys
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 0:
+            sys.exit(512)
+        MPI.COMM_WORLD.Barrier()
+    """, 1, "script.py exited with status 512"),
 }
 
 
@@ -169,7 +185,8 @@ def test_ranks_that_disagree_end_at_mpidp_timeout_under_the_launcher(tmp_path):
                                      ("raises mid-collective", 4), ("exits 3", 3),
                                      ("unprintable exception", 2),
                                      ("stderr closed", 3), ("stderr blocks", 3),
-                                     ("unprintable exit", 3)])
+                                     ("unprintable exit", 3), ("exits 256", 2),
+                                     ("exits 512", 2)])
 def test_the_launcher_ends_the_job_when_one_rank_fails(tmp_path, case, n):
     body, exit_code, message = SCRIPTS[case]
     script = tmp_path / "script.py"
@@ -591,3 +608,30 @@ def test_mpidp_timeout_replaces_the_default_after_start_up(monkeypatch):
     with watchdog.guard(7, "test") as dog:  # a number: every stretch, start-up included
         assert dog.allowed == 7.0
 
+
+
+def test_the_placement_query_of_the_first_auto_call_has_the_deadline_too(tmp_path):
+    """The first `auto` call learns the placement by MPI's Split_type, a blocking call that
+    MPIDP_TIMEOUT did not bound: a rank that never came left the others in it for good.
+    Now it ends at the deadline (exit 124), with one line and a flight record naming it."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import numpy as np, mpidp
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 1:
+            time.sleep(40)  # comes long after the deadline
+        mpidp.allreduce(MPI.COMM_WORLD, MPI.IN_PLACE, np.ones(8))
+    """))
+    folder = tmp_path / "flight"
+    env = {**os.environ, "MPIDP_TIMEOUT": "3", "MPIDP_COST": "", "MPIDP_DEBUG": "0",
+           "MPIDP_FLIGHT_DIR": str(folder)}
+    code, out, err, seconds = mpiexec(2, [sys.executable, str(script)], env)
+    assert code == watchdog.EXIT_TIMEOUT, report(code, out, err, seconds)
+    assert "rank 0 of 2: the placement query (Split_type) of the first call that reads it " \
+           "made no progress for 3 s (MPIDP_TIMEOUT)" in err, report(code, out, err, seconds)
+    assert seconds < 30, report(code, out, err, seconds)
+    record = json.loads((folder / "flight-rank-0.json").read_text())
+    calls = [k for c in record["comms"] for k in c["calls"]]
+    assert any(k.get("collective") == "placement query (Split_type)" and
+               k["state"] == "started" for k in calls), calls

@@ -150,3 +150,145 @@ def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, mon
         watchdog._end_job(RuntimeError("x"), "prog.py", None)
     assert printed == [["flight-rank-0.json"]]
     assert watchdog._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other
+
+
+def test_mpidp_flight_has_an_upper_bound_checked_before_the_first_collective(monkeypatch):
+    """10**30 passed the launcher's check, then the deque's maxlen overflowed at the first
+    collective: it is refused where every variable is checked, naming the bound."""
+    from mpidp import config
+
+    for text in (str(10**30), str(config.FLIGHT_MAX + 1)):
+        monkeypatch.setenv("MPIDP_FLIGHT", text)
+        problems = config.problems()
+        assert len(problems) == 1 and problems[0].startswith(f"MPIDP_FLIGHT={text!r}"), problems
+        assert f"at most {config.FLIGHT_MAX}" in problems[0], problems
+    monkeypatch.setenv("MPIDP_FLIGHT", str(config.FLIGHT_MAX))
+    assert flight.recorder(MPI.COMM_SELF).calls.maxlen == config.FLIGHT_MAX
+
+
+def test_mpidp_flight_dir_expands_a_tilde(tmp_path, monkeypatch):
+    """'~/fl' wrote a folder literally named '~' in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", "~/fl")
+    monkeypatch.chdir(tmp_path)
+    assert flight.folder() == str(tmp_path / "home" / "fl")
+    path = flight.dump("test")
+    assert path == str(tmp_path / "home" / "fl" / "flight-rank-0.json")
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_dump_follows_no_link_planted_in_a_shared_folder(tmp_path, monkeypatch):
+    """The dump's temporary file had a predictable name (``<record>.<pid>.tmp``), opened
+    following links: a link planted there (a shared MPIDP_FLIGHT_DIR under /tmp) had mpidp
+    overwrite its target. Links at that name, at the temporary names the writer draws, and
+    at the record's own name are never followed; the targets outside stay untouched."""
+    import tempfile
+
+    shared, outside = tmp_path / "shared", tmp_path / "outside"
+    shared.mkdir()
+    outside.mkdir()
+    record = shared / "flight-rank-0.json"
+    planted = {record.name + f".{os.getpid()}.tmp": "old temporary name",
+               ".flight-rank-0.json.AAAA.tmp": "drawn name 1",
+               ".flight-rank-0.json.BBBB.tmp": "drawn name 2",
+               record.name: "the record's own name"}
+    for i, (name, _) in enumerate(planted.items()):
+        (outside / f"victim{i}").write_text("precious")
+        os.symlink(outside / f"victim{i}", shared / name)
+    drawn = iter(["AAAA", "BBBB", "CCCC"])  # the writer's first two draws hit the links
+
+    class Names:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(drawn)
+
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: Names())
+    path = flight.dump("test", str(shared))
+    assert path == str(record) and not record.is_symlink()
+    assert json.loads(record.read_text())["reason"] == "test"
+    for i, why in enumerate(planted.values()):
+        assert (outside / f"victim{i}").read_text() == "precious", why
+    assert sorted(p.name for p in shared.iterdir()) == sorted(planted)  # no temporary left
+
+
+def test_the_launcher_asks_a_rank_whose_record_is_an_earlier_jobs(tmp_path, monkeypatch):
+    """A record left in the folder by an earlier job stopped the launcher from asking that
+    rank of this job for its own (SIGUSR1): only a record of this job, by that very process,
+    counts as the rank's."""
+    import socket
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
+    host = socket.gethostname()
+    peers = [(host, os.getpid()), (host, 1001), (host, 1002), (host, 1003), (host, 1004)]
+    monkeypatch.setattr(flight, "_peers", peers)
+    this = flight.job_id()
+    written = {1: {"job": "slurm:41.", "pid": 1001},  # the earlier job's rank 1
+               2: {"job": this, "pid": 1002},  # this job's rank 2: asked no more
+               3: {"job": this, "pid": 999}}  # this job's id, another process
+    for r, fields in written.items():
+        (tmp_path / f"flight-rank-{r}.json").write_text(json.dumps({"rank": r, **fields}))
+    (tmp_path / "flight-rank-4.json").write_text("{cut off")
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    flight.ask_peers()
+    assert sorted(sent) == [(1001, signal.SIGUSR1), (1003, signal.SIGUSR1),
+                            (1004, signal.SIGUSR1)], sent
+
+
+@pytest.mark.mpi(ranks=[3], timeout=60)
+def test_two_splits_with_the_same_members_get_ids_their_members_agree_on(no_debug_check):
+    """Two Splits of the same members, used in opposite orders on one rank (I-forms: no
+    deadlock here), used to be named by each rank's order of first use: rank 2's first was
+    the others' second, so one id named different communicators on different ranks."""
+    world = MPI.COMM_WORLD
+    a, b = world.Split(0, world.Get_rank()), world.Split(0, world.Get_rank())
+    x, y = np.ones(4), np.ones(4)
+    first, second = (b, a) if world.Get_rank() == 2 else (a, b)
+    r1 = mpidp.iallreduce(first, MPI.IN_PLACE, x, algorithm="ring")
+    r2 = mpidp.iallreduce(second, MPI.IN_PLACE, y, algorithm="ring")
+    while not (r1.test() & r2.test()):  # both driven: each waits for the other's on rank 2
+        os.sched_yield()
+    end = time.monotonic() + 20
+    while not all(getattr(state(c).flight, "agreeing", None) is None for c in (a, b)) \
+            and time.monotonic() < end:
+        time.sleep(0.01)  # (each look takes in the numbers that arrived)
+        [state(c).flight.comm_id for c in (a, b)]
+    ids = world.allgather((state(a).flight.comm_id, state(b).flight.comm_id))
+    assert len(set(ids)) == 1 and ids[0][0] != ids[0][1], ids
+    assert "?" not in ids[0][0] + ids[0][1], ids
+    rec = {c["id"]: c for c in flight.record("test")["comms"]}
+    assert rec[ids[0][0]]["parts"] == [0, 0, 1] and rec[ids[0][1]]["parts"] == [1, 1, 0]
+    a.Free()
+    b.Free()
+
+
+def test_a_request_never_waited_on_is_named_at_exit(tmp_path, mpiexec):
+    """An I-form whose request the program never waits on left only MPI's own words at
+    exit (MPICH: "pending references"): each rank names it, in one line on stderr."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "unwaited.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        import mpidp
+        comm = MPI.COMM_WORLD.Dup()
+        x = np.ones(1 << 12)
+        mpidp.allreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
+        request = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="ring")  # never waited
+        comm.Barrier()
+    """))
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "HYDRA_", "PYTEST_ISOLATE_MPI"))}
+    p = subprocess.run([*mpiexec, "-n", "2", sys.executable, str(script)], env=clean,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpidp: rank ")]
+    assert len(lines) == 2, p.stderr
+    for r in (0, 1):
+        line = next(x for x in lines if x.startswith(f"mpidp: rank {r} of 2: at exit, "))
+        assert f"allreduce #1 on world.0 (called at {script}:8) was started and never " \
+               "completed (its request never waited on)" in line, line

@@ -15,6 +15,9 @@ by host (algorithms/hosts.py). It is learned once per communicator and kept in i
 - a comm-like object says it with a ``placement`` attribute (`CountingComm`'s
   argument); None there means one host.
 
+The query has the deadline of every blocking call, ``MPIDP_TIMEOUT`` (`_deadline`),
+and shows in the flight record while it runs.
+
 `known` reads it without communicating, and the call path hands it to the
 algorithms that read it (they never look it up: they must never start a
 collective of their own). What it costs across hosts is each algorithm's
@@ -23,8 +26,19 @@ collective of their own). What it costs across hosts is each algorithm's
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+from .. import flight
 from .algorithms import entry
+from .engine.completion import timeout_from_env
 from .state import state
+
+EXIT_TIMEOUT = 124  # watchdog.EXIT_TIMEOUT (the call path does not import the watchdog)
 
 
 def normalize(hosts) -> tuple[int, ...]:
@@ -64,14 +78,63 @@ def placement(comm) -> tuple[int, ...]:
     if not isinstance(base, MPI.Comm):  # a comm-like that wraps none and says nothing
         found = (0,) * comm.Get_size()
     else:
-        host = base.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            leader = host.allreduce(MPI.COMM_WORLD.Get_rank(), op=MPI.MIN)
-        finally:
-            host.Free()
-        found = normalize(base.allgather(leader))
+        with _deadline(state(comm).flight):
+            host = base.Split_type(MPI.COMM_TYPE_SHARED)
+            try:
+                leader = host.allreduce(MPI.COMM_WORLD.Get_rank(), op=MPI.MIN)
+            finally:
+                host.Free()
+            found = normalize(base.allgather(leader))
     state(comm).placement = found
     return found
+
+
+# The query, as the flight recorder shows it: a collective of MPI's, not of mpidp's
+QUERY = SimpleNamespace(collective="placement query (Split_type)", description={})
+
+
+@contextmanager
+def _deadline(recorder):
+    """The query's deadline: MPI's Split_type, allreduce and allgather block, and nothing
+    interrupts them, so at ``MPIDP_TIMEOUT`` a timer ends the job as `watchdog.abort`
+    does (one line, this rank's flight record, MPI_Abort; exit code 124). The query is an
+    entry of the communicator's flight record meanwhile (no number in its sequence)."""
+    entry = None
+    if recorder is not None:
+        entry = recorder.add(None)
+        entry[flight.SIGNED], entry[flight.STATE] = QUERY, flight.STARTED
+    timeout = timeout_from_env()
+    timer = None if timeout is None else threading.Timer(timeout, _expired, (timeout,))
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if entry is not None:
+        entry[flight.STATE] = flight.COMPLETE
+
+
+def _expired(timeout: float) -> None:
+    from mpi4py import MPI
+
+    flight.ending = True
+    try:
+        where = f" (flight record: {flight.dump('placement query deadline')})" \
+            if flight.keep() else ""
+    except Exception:  # noqa: BLE001 - the job must end all the same
+        where = ""
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    sys.stderr.write(f"mpidp: rank {rank} of {size}: the placement query (Split_type) of the "
+                     f"first call that reads it made no progress for {timeout:g} s "
+                     "(MPIDP_TIMEOUT): a peer is dead, hangs or never made that call; "
+                     f"aborting the job{where}\n")
+    sys.stderr.flush()
+    time.sleep(0.5)  # the line reaches mpiexec before the abort tears the job down
+    MPI.COMM_WORLD.Abort(EXIT_TIMEOUT)
+    os._exit(EXIT_TIMEOUT)
 
 
 def locate(comm, comm_state, collective: str, algorithm: str) -> tuple[int, ...] | None:

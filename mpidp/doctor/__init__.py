@@ -28,42 +28,23 @@ process, and sets its stalls beside the records' (`mpidp.doctor.replay`).
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
 from collections import Counter, defaultdict
 
+from .records import Unreadable, read  # noqa: F401 (Unreadable: the doctor's error)
+
 SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
 IN_FLIGHT = ("planned", "started", "timed out")
 _MPIDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FAREWELL = os.path.join(_MPIDP, "farewell.py")  # a rank there has ended its program
 _P2P = re.compile(r"\.(I?[Rr]ecv|Sendrecv\w*|[Pp]robe|Mprobe|Wait\w*|[Ss]send|Send|send|wait)\(")
 
 
-class Unreadable(Exception):
-    """The folder holds no readable flight record (exit code 2)."""
-
-
 def load(folder: str) -> dict[int, dict]:
-    """Every rank's record in `folder`, by world rank."""
-    if not os.path.isdir(folder):
-        raise Unreadable(f"{folder}: no such folder")
-    paths = sorted(glob.glob(os.path.join(folder, "flight-rank-*.json")))
-    if not paths:
-        raise Unreadable(f"{folder}: no flight record (flight-rank-*.json) in it")
-    records = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            rank, size = int(rec["rank"]), int(rec["size"])
-            rec["comms"], rec["threads"]  # noqa: B018 - present, or KeyError
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise Unreadable(f"{path}: not a flight record ({type(e).__name__}: {e})") from None
-        if rank in records or not 0 <= rank < size:
-            raise Unreadable(f"{path}: rank {rank} of {size} twice or out of range")
-        records[rank] = rec
-    return records
+    """Every rank's record in `folder` of its newest job, by world rank, each checked whole
+    (`records.read`; Unreadable, one line naming the file and field)."""
+    return read(folder)[0]
 
 
 def signature(call: dict) -> tuple:
@@ -89,6 +70,11 @@ def short(site: str | None) -> str:
     return f"{path if rel.startswith('..') else rel}:{line}"
 
 
+def verb(ranks, one: str, many: str) -> str:
+    """The verb that agrees with `ranks_text(ranks)`: ``rank 1 stalls``, ``ranks 1, 2 stall``."""
+    return one if len(set(ranks)) == 1 else many
+
+
 def ranks_text(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
@@ -104,7 +90,9 @@ class Comm:
         self.local: dict[int, int] = {}  # world rank -> its rank in this comm
 
     def world(self, local_rank: int) -> int:
-        return self.members[local_rank] if self.members else local_rank
+        if self.members and local_rank < len(self.members):
+            return self.members[local_rank]
+        return local_rank  # (members that disagree across ranks are noted in `_comms`)
 
     def reached(self, rank: int) -> int:
         """The highest number `rank` has called (-1: none recorded)."""
@@ -138,6 +126,9 @@ def where(rec: dict) -> dict:
         stack = rec["exception"]["stack"]
     if not stack:
         return {"kind": "unknown", "text": "no stack recorded"}
+    if any(f["file"] == _FAREWELL and f["function"] == "leave" for f in stack):
+        return {"kind": "finished", "text": "finished: its program ended, and it waits for "
+                "the others' goodbyes, in no collective"}
     user = [f for f in stack if not f["file"].startswith(_MPIDP) and "runpy" not in f["file"]
             and not f["file"].endswith(os.path.join("mpi4py", "run.py"))]
     top = user[-1] if user else stack[-1]
@@ -162,7 +153,7 @@ def _in_flight(records) -> list[dict]:
         for c in rec["comms"]:
             for call in c["calls"]:
                 if call.get("state") in IN_FLIGHT:
-                    out.append({"rank": rank, "comm": c["id"], **call})
+                    out.append({**call, "rank": rank, "comm": c["id"]})  # (ours override its own)
     return out
 
 
@@ -181,7 +172,8 @@ def _first_difference(comm: Comm, records) -> dict | None:
         if len(groups) > 1 or (behind and waiting):
             return {"comm": comm.id, "seq": s, "behind": behind, "waiting": waiting,
                     "groups": [{"ranks": rs, "call": describe(have[rs[0]]),
-                                "collective": have[rs[0]].get("collective"),
+                                # (a call that raised before its signature has none)
+                                "collective": have[rs[0]].get("collective") or "?",
                                 "sites": sorted({have[r]["site"] for r in rs}),
                                 "states": sorted({have[r]["state"] for r in rs})}
                                for rs in sorted(groups.values(), key=lambda g: (-len(g), g))]}
@@ -218,41 +210,72 @@ def _graph(records, comms, flight) -> list[dict]:
 
 
 def _cycles(nodes, edges) -> list[list[int]]:
-    """The strongly connected parts with more than one rank (Tarjan), each a cycle of waits."""
+    """A cycle of waits in each strongly connected part with more than one rank (Tarjan's,
+    without recursion: a chain of thousands of waits is a chain of records), each the
+    ranks in the order the waits go, every step an edge: a -> b -> ... -> a."""
     succ = defaultdict(set)
     for e in edges:
         succ[e["from"]].add(e["to"])
-    index, low, stack, on, out = {}, {}, [], set(), []
+    index, low, stack, on, parts = {}, {}, [], set(), []
+    for root in sorted(nodes):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        work = [(root, iter(sorted(succ[root])))]
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(succ[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                part = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    part.add(w)
+                    if w == v:
+                        break
+                if len(part) > 1 or v in succ[v]:
+                    parts.append(part)
+    return sorted((_cycle_in(part, succ) for part in parts), key=lambda c: c[0])
 
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(succ[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1 or v in succ[v]:
-                out.append(sorted(part))
 
-    for v in sorted(nodes):
-        if v not in index:
-            visit(v)
-    return out
+def _cycle_in(part: set, succ) -> list[int]:
+    """The shortest cycle through the part's lowest rank, along its edges (breadth first)."""
+    start = min(part)
+    came: dict[int, int] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(succ[v] & part):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came[path[-1]])
+                    return path[::-1]
+                if w not in came:
+                    came[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return [start]  # (not reached: the part is strongly connected)
 
 
-def diagnose(records: dict[int, dict]) -> dict:
-    """The diagnosis as data: the cause first, then the evidence."""
+def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dict:
+    """The diagnosis as data: the cause first, then the evidence. `warnings`: what reading
+    the folder set aside (another job's records), printed above the cause."""
     size = max(rec["size"] for rec in records.values())
     missing = [r for r in range(size) if r not in records]
     jobs = sorted({str(rec.get("job")) for rec in records.values()})
@@ -277,7 +300,7 @@ def diagnose(records: dict[int, dict]) -> dict:
     d = {"size": size, "records": sorted(records), "missing": missing, "jobs": jobs,
          "first_difference": first[0] if first else None, "differences": first,
          "in_flight": flight, "edges": edges, "cycles": cycles, "roots": roots,
-         "where": wheres, "raised": raised, "notes": notes}
+         "where": wheres, "raised": raised, "notes": notes, "warnings": list(warnings or [])}
     d["cause"] = _cause(d, comms, failed)
     return d
 
@@ -300,7 +323,8 @@ def _cause(d, comms, failed) -> dict:
                     f"{' / '.join(g['collective'] + ' at ' + g['sites'][0] for g in odd)} as "
                     f"collective #{first['seq']} on {first['comm']}, where "
                     f"{ranks_text(main['ranks'])} called {main['collective']} at {site}"
-                    + (" and wait in it" if set(main["states"]) & set(IN_FLIGHT) else "") + ": "
+                    + (f" and {verb(main['ranks'], 'waits', 'wait')} in it"
+                       if set(main["states"]) & set(IN_FLIGHT) else "") + ": "
                     f"{'it' if len(oddr) == 1 else 'they'} skipped that {main['collective']}, "
                     "or the ranks call collectives in different orders")
         return {"kind": kind, "ranks": oddr, "comm": first["comm"], "seq": first["seq"],
@@ -311,7 +335,8 @@ def _cause(d, comms, failed) -> dict:
         ws = [e for e in d["edges"] if e["to"] in dead]
         e = ws[0] if ws else None
         text = (f"{ranks_text(dead)} left no record (killed, or died before writing one)"
-                + (f"; {ranks_text({x['from'] for x in ws})} wait for "
+                + (f"; {ranks_text({x['from'] for x in ws})} "
+                   f"{verb({x['from'] for x in ws}, 'waits', 'wait')} for "
                    f"{'it' if len(dead) == 1 else 'them'} in {e['label']}" if e else ""))
         return {"kind": "killed", "ranks": dead, "comm": e and e["comm"],
                 "seq": e and e["seq"], "site": None, "text": text}
@@ -332,21 +357,24 @@ def _cause(d, comms, failed) -> dict:
             kind = "cycle"
             cyc = " -> ".join(map(str, d["cycles"][0] + d["cycles"][0][:1]))
             text = (f"{ranks_text(behind)} never reached {what}, which {ranks_text(waiting)} "
-                    f"wait in: rank {r} is {d['where'][r]['text']}, and the ranks wait for "
-                    f"each other in a cycle ({cyc}): they call collectives on different "
-                    "communicators in different orders")
+                    f"{verb(waiting, 'waits', 'wait')} in: rank {r} is "
+                    f"{d['where'][r]['text']}, and the ranks wait for each other in a cycle "
+                    f"({cyc}): they call collectives on different communicators in different "
+                    "orders")
         else:
-            kind = {"collective": "other_collective", "p2p": "p2p"}.get(kinds[r], "computing")
+            kind = {"collective": "other_collective", "p2p": "p2p",
+                    "finished": "finished"}.get(kinds[r], "computing")
             text = (f"{ranks_text(behind)} never reached {what}, which "
-                    f"{ranks_text(waiting)} wait in: rank {r} is {d['where'][r]['text']}")
+                    f"{ranks_text(waiting)} {verb(waiting, 'waits', 'wait')} in: rank {r} is "
+                    f"{d['where'][r]['text']}")
         return {"kind": kind, "ranks": behind, "comm": first["comm"], "seq": first["seq"],
                 "site": d["where"][r].get("site"), "text": text}
     if any(failed.values()):
         r = min(r for r, v in failed.items() if v)
         c = failed[r][0]
-        return {"kind": "exception", "ranks": [r], "comm": None, "seq": c["seq"],
+        return {"kind": "exception", "ranks": [r], "comm": None, "seq": c.get("seq"),
                 "site": c["site"], "text": f"rank {r}: {describe(c)} at {c['site']} "
-                f"failed: {c['error']}"}
+                f"failed: {c.get('error', 'no error recorded')}"}
     if not d["in_flight"]:
         return {"kind": "no_hang", "ranks": [], "comm": None, "seq": None, "site": None,
                 "text": "no collective is in flight on any rank: the records show no hang"}

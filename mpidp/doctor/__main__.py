@@ -3,23 +3,27 @@ flight records are in DIR hung, in plain words (the cause in one line, then the 
 ``--replay`` runs the recorded collectives again in mpidp.sim and says whether the same
 ranks stall in the same rounds (`mpidp.doctor.replay`).
 
-Exit code 0 with a diagnosis, 2 when DIR holds no readable record.
+Exit code 0 with a diagnosis; 2, with one line naming the file and field, when DIR holds
+no readable record, a record is malformed or of another kind, or --plot names a file that
+cannot be written (checked first, before any work).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
-from . import Unreadable, diagnose, load, ranks_text, short
+from . import Unreadable, diagnose, ranks_text, read, short
 
 
 def text(d: dict, folder: str) -> str:
     """The diagnosis as the doctor prints it."""
     c = d["cause"]
-    out = [f"cause: {c['text']}", "",
+    out = [f"note: {w}" for w in d.get("warnings", [])]
+    out += [f"cause: {c['text']}", "",
            f"evidence ({len(d['records'])} of {d['size']} ranks left a record in {folder}; "
            f"job {', '.join(d['jobs'])}):"]
     if d["missing"]:
@@ -60,20 +64,43 @@ def text(d: dict, folder: str) -> str:
     return "\n".join(out)
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")  # what --plot writes, by the file name's ending
+
+
+def plot_problem(path: str) -> str | None:
+    """Why `--plot path` cannot be written (None: it can), checked before any work."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in PLOT_FORMATS:
+        return (f"--plot {path}: the name must end in "
+                f"{', '.join('.' + f for f in PLOT_FORMATS)} (the picture's format)")
+    parent = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
+    if not os.path.isdir(parent):
+        return f"--plot {path}: no such folder {parent}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--plot {path}: the folder {parent} cannot be written"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpidp.doctor", description=__doc__.split("\n")[0])
+    about = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
+    p = argparse.ArgumentParser(prog="python -m mpidp.doctor", description=about)
     p.add_argument("folder", help="the folder of the flight records (MPIDP_FLIGHT_DIR)")
     p.add_argument("--json", action="store_true", help="the diagnosis as JSON")
-    p.add_argument("--plot", metavar="FILE", help="draw the waits-for graph to FILE (PNG)")
+    p.add_argument("--plot", metavar="FILE", help="draw the waits-for graph to FILE (.png, "
+                   ".svg or .pdf)")
     p.add_argument("--replay", action="store_true",
                    help="run every rank's recorded collectives in mpidp.sim (one process, no "
                         "MPI) and compare where they stall with the records")
     args = p.parse_args(argv)
     if argv is None:  # as a command: `| head` ends it quietly, as it does other tools
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    problem = args.plot and plot_problem(args.plot)
+    if problem:
+        print(f"mpidp.doctor: error: {problem}", file=sys.stderr)
+        return 2
     try:
-        records = load(args.folder)
-        d = diagnose(records)
+        records, warnings = read(args.folder)
+        d = diagnose(records, warnings)
     except Unreadable as e:
         print(f"mpidp.doctor: error: {e}", file=sys.stderr)
         return 2

@@ -2,25 +2,30 @@
 
 An arrow from rank a to rank b says a waits, in the round of the collective on
 its label, for a message from (or to) b. Ranks the cause names are red, ranks
-with no record grey and dashed; a cycle's arrows are drawn thicker.
+whose program ended ringed green, ranks with no record grey and dashed; a cycle's arrows
+are drawn thicker. The key lists only what the picture holds.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .. import files  # noqa: E402
+
 
 def draw(d: dict, path: str) -> None:
-    """Draw the diagnosis `d`'s waits-for graph to `path` (PNG)."""
+    """Draw the diagnosis `d`'s waits-for graph to `path` (PNG, SVG or PDF, by its name),
+    through the one writer (`mpidp.files`)."""
     n = d["size"]
     pos = {r: (math.sin(2 * math.pi * r / n), math.cos(2 * math.pi * r / n)) for r in range(n)}
     fig, ax = plt.subplots(figsize=(6.5, 6.5))
-    in_cycle = {(a, b) for c in d["cycles"] for a in c for b in c}
+    in_cycle = {pair for c in d["cycles"] for pair in zip(c, c[1:] + c[:1], strict=True)}
     labels: dict[tuple, list[str]] = {}
     for e in d["edges"]:
         labels.setdefault((e["from"], e["to"]), []).append(e["label"])
@@ -42,16 +47,24 @@ def draw(d: dict, path: str) -> None:
                 va="center", color="tab:blue",
                 bbox={"boxstyle": "round", "fc": "white", "ec": "none", "alpha": 0.8})
     cause = set(d["cause"]["ranks"])
+    finished = {r for r, w in d["where"].items() if w["kind"] == "finished"}
     for r, (x, y) in pos.items():
         missing = r in d["missing"]
         ax.scatter([x], [y], s=900, zorder=3, color="lightgrey" if missing else
                    "tab:red" if r in cause else "white",
-                   edgecolors="grey" if missing else "black",
-                   linestyles="dashed" if missing else "solid", linewidths=1.5)
+                   edgecolors="grey" if missing else "tab:green" if r in finished else "black",
+                   linestyles="dashed" if missing else "solid",
+                   linewidths=4 if r in finished else 1.5)
         ax.text(x, y, str(r), ha="center", va="center", zorder=4, fontsize=11,
                 color="white" if r in cause and not missing else "black")
-    ax.scatter([], [], s=120, color="tab:red", edgecolors="black", label="named by the cause")
-    ax.scatter([], [], s=120, color="lightgrey", edgecolors="grey", label="no record")
+    # a key for what the picture holds, and only that
+    if cause:
+        ax.scatter([], [], s=120, color="tab:red", edgecolors="black", label="named by the cause")
+    if finished:
+        ax.scatter([], [], s=120, color="white", edgecolors="tab:green", linewidths=3,
+                   label="finished")
+    if d["missing"]:
+        ax.scatter([], [], s=120, color="lightgrey", edgecolors="grey", label="no record")
     ax.plot([], [], color="tab:blue", label="waits for (collective #, round)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.set_title(_wrap("cause: " + d["cause"]["text"], 90), fontsize=8, loc="left")
@@ -59,8 +72,11 @@ def draw(d: dict, path: str) -> None:
     ax.set_ylim(-1.4, 1.4)
     ax.set_aspect("equal")
     ax.axis("off")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    try:
+        files.replace(path, lambda f: fig.savefig(f, format=fmt, dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def _wrap(text: str, width: int) -> str:
