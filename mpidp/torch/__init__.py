@@ -1,0 +1,27 @@
+"""mpidp as a torch.distributed backend: ``import mpidp.torch`` registers ``"mpidp"``.
+
+Under ``mpiexec``::
+
+    import mpidp.torch
+    mpidp.torch.init_process_group()          # rank, size from MPI.COMM_WORLD; no MASTER_ADDR
+    model = DistributedDataParallel(model)    # its gradients reduced by mpidp's collectives
+
+or ``dist.init_process_group("mpidp", store=..., rank=..., world_size=...)`` after the
+import; settings (the algorithm, the agreement check) through ``pg_options=Options(...)``.
+The backend (`group.ProcessGroup`) runs mpidp's nonblocking collectives on NumPy views
+of the tensors; its Work objects are mpidp requests, completed by a progress thread.
+See docs/torch.md for what is supported and how it differs from gloo.
+"""
+
+import torch.distributed as dist
+
+from .group import Options, ProcessGroup
+from .start import init_process_group, tcp_store
+from .work import Work
+
+__all__ = ["Options", "ProcessGroup", "Work", "init_process_group", "tcp_store"]
+
+if "MPIDP" not in dist.Backend._plugins:  # a second import (importlib.reload) registers nothing
+    from .start import create
+
+    dist.Backend.register_backend("mpidp", create, extended_api=True, devices=["cpu"])
