@@ -117,10 +117,11 @@ class ProcessGroup(dist.ProcessGroup):
             if len({t.dtype for t in tensors}) > 1:
                 raise TypeError(f"mpidp backend: {name} takes tensors of one dtype")
             flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-            views = [flat.narrow(0, i, t.numel()) for i, t in zip(_offsets(tensors), tensors)]
+            views = [flat.narrow(0, i, t.numel())
+                     for i, t in zip(_offsets(tensors), tensors, strict=True)]
 
             def unpack():
-                for t, v in zip(tensors, views):
+                for t, v in zip(tensors, views, strict=True):
                     t.copy_(v.view(t.shape))
             parts, finish = [tz.staged(flat)], unpack
         else:
@@ -185,7 +186,7 @@ class ProcessGroup(dist.ProcessGroup):
             starts = _offsets(outs)
 
             def unpack(outs=outs, flat=flat, starts=starts):
-                for o, s in zip(outs, starts):
+                for o, s in zip(outs, starts, strict=True):
                     o.copy_(flat.narrow(0, s, o.numel()).view(o.shape))
             finishes.append(unpack)
             reqs.append(api.iallgather(self.comm, staged(t).array, tz.words(flat), counts,
