@@ -72,6 +72,9 @@ class ProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, comm, timeout: float | None = None, options: Options | None = None):
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise RuntimeError("mpidp backend: the progress thread needs MPI_THREAD_MULTIPLE "
+                               f"(MPI was initialized with level {MPI.Query_thread()})")
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
         self.timeout = timeout

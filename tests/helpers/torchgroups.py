@@ -24,8 +24,11 @@ from helpers.subcomms import idle_allreduce
 
 def start(timeout_s: float = 120) -> None:
     """The world process group on the mpidp backend (once per launched job)."""
+    import torch
+
     import mpidp.torch
 
+    torch.set_num_threads(1)  # 4 ranks on the suite's 2 cores: one compute thread each
     if not dist.is_initialized():
         mpidp.torch.init_process_group(timeout=timedelta(seconds=timeout_s))
 
