@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ..collectives import api
+from ..collectives import api, cost
 from ..collectives.dropin.comm import _check_algorithm as check_algorithm
+from ..collectives.placement import placement
 from ..collectives.plans import IN_PLACE
 from ..collectives.state import TAG_BASE
 from . import tensors as tz
@@ -77,6 +78,9 @@ class ProcessGroup(dist.ProcessGroup):
                                f"(MPI was initialized with level {MPI.Query_thread()})")
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
+        if comm.Get_size() > 1:  # learned now, while every member is creating the group:
+            placement(comm)  # a collective started later then never waits for a peer
+            cost.model(comm)  # before its first message (auto's cost model, calibrated)
         self.timeout = timeout
         self.options = options or Options()
         self.progress = Progress(self.options.progress_interval_s)
