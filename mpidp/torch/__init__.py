@@ -15,11 +15,13 @@ See docs/torch.md for what is supported and how it differs from gloo.
 
 import torch.distributed as dist
 
+from .exact import ExactGradients, exact_avg_hook
 from .group import Options, ProcessGroup
 from .start import init_process_group, tcp_store
 from .work import Work
 
-__all__ = ["Options", "ProcessGroup", "Work", "init_process_group", "tcp_store"]
+__all__ = ["ExactGradients", "Options", "ProcessGroup", "Work", "exact_avg_hook",
+           "init_process_group", "tcp_store"]
 
 if "MPIDP" not in dist.Backend._plugins:  # a second import (importlib.reload) registers nothing
     from .start import create

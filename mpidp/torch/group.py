@@ -93,6 +93,11 @@ class ProcessGroup(dist.ProcessGroup):
     def name(self):  # torch reads pg.name() on some paths
         return lambda: "mpidp"
 
+    @property
+    def group_name(self) -> str:
+        """torch's name of this group (device meshes and FSDP2 look groups up by it)."""
+        return dist.distributed_c10d._world.pg_names[self]
+
     def __repr__(self) -> str:
         return f"<mpidp.torch.ProcessGroup rank {self.rank()} of {self.size()}>"
 
@@ -172,8 +177,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter(self, full, out, counts, reduce_op, finishes):
         op = tz.mpidp_op(reduce_op, full.dtype)
-        send = tz.staged(full).array
         recv = staged(out, copy_in=False)
+        send = _apart(tz.staged(full).array, recv.array, None)
         finishes.append(recv.finish)
         return api.ireduce_scatter(self.comm, send, recv.array, counts, op=op,
                                    algorithm=self._algorithm("reduce_scatter"), **self._kw)
@@ -216,7 +221,8 @@ class ProcessGroup(dist.ProcessGroup):
                                  f"elements, not input's {t.numel()} x {self.size()} ranks")
             recv = staged(out, copy_in=False)
             finishes.append(recv.finish)
-            reqs.append(api.iallgather(self.comm, staged(t).array, recv.array,
+            send = _apart(staged(t).array, recv.array, self.rank())
+            reqs.append(api.iallgather(self.comm, send, recv.array,
                                        algorithm=self._algorithm("allgather"), **self._kw))
         return self._start(reqs, list(outputs), _calls(finishes), name)
 
@@ -308,6 +314,18 @@ def _unsupported(what: str) -> NotImplementedError:
                                "all_reduce, all_reduce_coalesced, broadcast, all_gather, "
                                "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
                                "barrier, send, recv, and the object collectives built on them)")
+
+
+def _apart(send: np.ndarray, recv: np.ndarray, rank: int | None):
+    """`send`, or IN_PLACE where it is rank `rank`'s block of `recv` (FSDP2 gathers so),
+    or a copy where it overlaps `recv` otherwise (MPI forbids overlapping buffers)."""
+    if not np.shares_memory(send, recv):
+        return send
+    if rank is not None and send.size and send.size * (recv.size // send.size) == recv.size:
+        block = recv[rank * send.size:(rank + 1) * send.size]
+        if block.__array_interface__["data"][0] == send.__array_interface__["data"][0]:
+            return IN_PLACE
+    return send.copy()
 
 
 def _offsets(tensors) -> list[int]:
