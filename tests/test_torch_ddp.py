@@ -20,6 +20,8 @@ from helpers.torchgroups import on_each_size, start  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+import mpidp.torch  # noqa: E402
+
 STEPS, BATCH = 3, 8
 
 
@@ -37,12 +39,15 @@ class Net(nn.Module):
         return self.c(h)
 
 
-def train(group, dtype, *, accumulate=1, unused=False, bucket_view=False):
+def train(group, dtype, *, accumulate=1, unused=False, bucket_view=False, hook=None,
+          bucket_mb=0.01):
     """Losses and final parameters of STEPS steps of SGD under DDP on `group`."""
     torch.manual_seed(0)
     model = Net().to(dtype)
-    ddp = DDP(model, process_group=group, bucket_cap_mb=0.01,  # about 4 buckets
+    ddp = DDP(model, process_group=group, bucket_cap_mb=bucket_mb,  # 0.01: about 4 buckets
               find_unused_parameters=unused, gradient_as_bucket_view=bucket_view)
+    if hook is not None:
+        ddp.register_comm_hook(group, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     rank, k = dist.get_rank(group), dist.get_world_size(group)
     gen = torch.Generator().manual_seed(1)
@@ -88,8 +93,31 @@ def ddp_checks(k, mp, gl):
                     torch.testing.assert_close(a, b, msg=f"{what}: {name}")
 
 
+def exact_hook_checks(k, mp, gl):
+    """The EXACT_AVG hook: the same bits whatever the algorithm and the buckets (on 3 and
+    4 ranks, where the algorithms add in different orders)."""
+    runs = []
+    for algorithm, bucket_mb in (("ring", 0.01), ("recursive_doubling", 25), ("naive", 0.002)):
+        group = dist.new_group(list(range(k)), backend="mpidp", use_local_synchronization=True,
+                               pg_options=mpidp.torch.Options(algorithm))
+        runs.append(train(group, torch.float32, hook=mpidp.torch.exact_avg_hook,
+                          bucket_mb=bucket_mb))
+    for losses, params in runs[1:]:
+        assert torch.equal(losses, runs[0][0]), f"N={k}: losses differ"
+        for p, q in zip(params, runs[0][1], strict=True):
+            assert torch.equal(p, q), f"N={k}: parameters differ"
+    plain = [train(dist.new_group(list(range(k)), backend="mpidp",
+                                  use_local_synchronization=True,
+                                  pg_options=mpidp.torch.Options(a)), torch.float32)
+             for a in ("ring", "recursive_doubling")]
+    assert not all(torch.equal(p, q) for p, q in zip(*[r[1] for r in plain], strict=True)), \
+        "the plain all-reduces agree too: this check cannot tell the exact hook apart"
+
+
 @pytest.mark.mpi(ranks=[4], timeout=300)
 def test_ddp_on_mpidp_equals_ddp_on_gloo(mpi_ranks):
-    """N = 1..4 in one launch; bitwise on 1-2 ranks, to rounding on 3-4."""
+    """N = 1..4 in one launch; bitwise on 1-2 ranks, to rounding on 3-4; then the exact
+    hook on 3 and 4 ranks."""
     start()
     on_each_size(range(1, 5), ddp_checks)
+    on_each_size([3, 4], exact_hook_checks)

@@ -25,8 +25,6 @@ and one compute thread (``torch.set_num_threads(1)``; a threaded kernel may spli
 sum differently), CPU tensors, float32 or float64 parameters.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 
 import torch
@@ -49,7 +47,8 @@ def mpidp_group(group=None) -> ProcessGroup:
     return pg
 
 
-def exact_avg_hook(state, bucket) -> torch.futures.Future:
+# no `from __future__ import annotations` here: DDP reads this return annotation as a value
+def exact_avg_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's gradients averaged by ``EXACT_AVG`` (state: the group,
     or None for the default one)."""
     pg = mpidp_group(state)
