@@ -13,8 +13,12 @@ of the tensors; its Work objects are mpidp requests, completed by a progress thr
 See docs/torch.md for what is supported and how it differs from gloo.
 """
 
+import os
+
+import torch
 import torch.distributed as dist
 
+from .. import flight
 from .exact import ExactGradients, exact_avg_hook
 from .group import Options, ProcessGroup
 from .start import init_process_group, tcp_store
@@ -22,6 +26,10 @@ from .work import Work
 
 __all__ = ["ExactGradients", "Options", "ProcessGroup", "Work", "exact_avg_hook",
            "init_process_group", "tcp_store"]
+
+# a flight record's call site is the user's line, not torch's: dist.all_reduce's caller,
+# or for DDP's bucket reductions (started inside autograd) the line of loss.backward()
+flight.skip_frames_under(os.path.dirname(torch.__file__))
 
 if "MPIDP" not in dist.Backend._plugins:  # a second import (importlib.reload) registers nothing
     from .start import create
