@@ -206,8 +206,30 @@ def every_check(k, mp, gl):
     unsupported_checks(k, mp, gl)
 
 
+def device_mesh_checks():
+    """A 2 x 2 device mesh on the mpidp backend: each dimension's groups are communicators
+    of their own, of 2 ranks, reducing over the mesh's rows and columns."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import mpidp.torch
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    row = rank // 2 * 2
+    for name, peers in (("dp", [rank % 2, rank % 2 + 2]), ("tp", [row, row + 1])):
+        group = mesh.get_group(name)
+        assert isinstance(group, mpidp.torch.ProcessGroup), type(group)
+        assert dist.get_process_group_ranks(group) == peers
+        assert group.comm.Get_size() == 2 and group.comm is not dist.group.WORLD.comm
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=group)
+        assert t.item() == sum(peers), (name, t)
+
+
 @pytest.mark.mpi(ranks=[4], timeout=300)
 def test_every_collective_and_dtype_equals_gloo_on_1_to_4_ranks(mpi_ranks):
-    """N = 1..4 in one launch: mpidp and gloo groups of each size side by side."""
+    """N = 1..4 in one launch: mpidp and gloo groups of each size side by side; then a
+    device mesh's groups."""
     start()
     on_each_size(range(1, 5), every_check)
+    device_mesh_checks()
