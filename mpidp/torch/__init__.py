@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from .. import flight
 from .exact import ExactGradients, exact_avg_hook
-from .group import Options, ProcessGroup
+from .group import ProcessGroup
+from .options import Options
 from .start import init_process_group, tcp_store
 from .work import Work
 

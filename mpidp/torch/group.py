@@ -21,46 +21,19 @@ Every other operation raises NotImplementedError naming it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import timedelta
-
 import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from ..collectives import api, cost
-from ..collectives.dropin.comm import _check_algorithm as check_algorithm
 from ..collectives.placement import placement
 from ..collectives.plans import IN_PLACE
 from ..collectives.state import TAG_BASE
 from . import tensors as tz
+from .options import Options
 from .tensors import staged
 from .work import Progress, Work
-
-
-class Options:
-    """The backend's settings: ``dist.init_process_group("mpidp", pg_options=Options(...))``
-    or ``dist.new_group(..., pg_options=...)``, or `mpidp.torch.init_process_group`'s keywords.
-
-    Args:
-        algorithm: as for `mpidp.Comm`: a name used by every collective that has it
-            (``"ring"``), or ``{collective: name}``; ``"auto"``: mpidp's cost model chooses.
-        debug: check at every collective that all ranks passed the same arguments
-            (``MPIDP_DEBUG=1`` turns it on everywhere, as for every mpidp collective).
-        progress_interval_s: the progress thread's sleep between passes that moved nothing.
-    """
-
-    def __init__(self, algorithm="auto", *, debug: bool = False,
-                 progress_interval_s: float = 1e-4):
-        check_algorithm(algorithm)  # mpidp.Comm's check: a name, or {collective: name}
-        self.algorithm = dict(algorithm) if isinstance(algorithm, Mapping) else algorithm
-        self.debug, self.progress_interval_s = debug, progress_interval_s
-
-    def for_collective(self, collective: str) -> str:
-        if isinstance(self.algorithm, dict):
-            return self.algorithm.get(collective, "auto")
-        return self.algorithm if self.algorithm in api.ALGORITHMS.get(collective, ()) else "auto"
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -130,7 +103,7 @@ class ProcessGroup(dist.ProcessGroup):
                 raise TypeError(f"mpidp backend: {name} takes tensors of one dtype")
             flat = torch.cat([t.detach().reshape(-1) for t in tensors])
             views = [flat.narrow(0, i, t.numel())
-                     for i, t in zip(_offsets(tensors), tensors, strict=True)]
+                     for i, t in zip(tz.offsets(tensors), tensors, strict=True)]
 
             def unpack():
                 for t, v in zip(tensors, views, strict=True):
@@ -138,7 +111,7 @@ class ProcessGroup(dist.ProcessGroup):
             parts, finish = [tz.staged(flat)], unpack
         else:
             parts = [staged(t) for t in tensors]
-            finish = _finish_all(parts)
+            finish = tz.finish_all(parts)
         op = tz.mpidp_op(reduce_op, tensors[0].dtype) if tensors else None
         reqs = [api.iallreduce(self.comm, IN_PLACE, p.array, op=op,
                                algorithm=self._algorithm("allreduce"), **self._kw)
@@ -154,7 +127,7 @@ class ProcessGroup(dist.ProcessGroup):
             full = torch.cat([t.detach().reshape(-1) for t in inputs])
             reqs.append(self._reduce_scatter(full, out, [t.numel() for t in inputs],
                                              opts.reduceOp, finishes))
-        return self._start(reqs, list(outputs), _calls(finishes), "reduce_scatter")
+        return self._start(reqs, list(outputs), tz.calls(finishes), "reduce_scatter")
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or dist.ReduceScatterOptions()
@@ -173,12 +146,12 @@ class ProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"mpidp backend: {name}: the input has {full.numel()} "
                                  f"elements, not output's {out.numel()} x {self.size()} ranks")
             reqs.append(self._reduce_scatter(full, out, None, opts.reduceOp, finishes))
-        return self._start(reqs, list(outputs), _calls(finishes), name)
+        return self._start(reqs, list(outputs), tz.calls(finishes), name)
 
     def _reduce_scatter(self, full, out, counts, reduce_op, finishes):
         op = tz.mpidp_op(reduce_op, full.dtype)
         recv = staged(out, copy_in=False)
-        send = _apart(tz.staged(full).array, recv.array, None)
+        send = tz.apart(tz.staged(full).array, recv.array, None)
         finishes.append(recv.finish)
         return api.ireduce_scatter(self.comm, send, recv.array, counts, op=op,
                                    algorithm=self._algorithm("reduce_scatter"), **self._kw)
@@ -195,7 +168,7 @@ class ProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"mpidp backend: all_gather needs {self.size()} output "
                                  f"tensors, not {len(outs)}")
             flat = torch.empty(sum(counts), dtype=t.dtype)
-            starts = _offsets(outs)
+            starts = tz.offsets(outs)
 
             def unpack(outs=outs, flat=flat, starts=starts):
                 for o, s in zip(outs, starts, strict=True):
@@ -203,7 +176,7 @@ class ProcessGroup(dist.ProcessGroup):
             finishes.append(unpack)
             reqs.append(api.iallgather(self.comm, staged(t).array, tz.words(flat), counts,
                                        algorithm=self._algorithm("allgather"), **self._kw))
-        return self._start(reqs, output_lists, _calls(finishes), "all_gather")
+        return self._start(reqs, output_lists, tz.calls(finishes), "all_gather")
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 (torch's name)
         return self._ag_single([output], [input], "all_gather_into_tensor")
@@ -221,10 +194,10 @@ class ProcessGroup(dist.ProcessGroup):
                                  f"elements, not input's {t.numel()} x {self.size()} ranks")
             recv = staged(out, copy_in=False)
             finishes.append(recv.finish)
-            send = _apart(staged(t).array, recv.array, self.rank())
+            send = tz.apart(staged(t).array, recv.array, self.rank())
             reqs.append(api.iallgather(self.comm, send, recv.array,
                                        algorithm=self._algorithm("allgather"), **self._kw))
-        return self._start(reqs, list(outputs), _calls(finishes), name)
+        return self._start(reqs, list(outputs), tz.calls(finishes), name)
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
@@ -234,7 +207,7 @@ class ProcessGroup(dist.ProcessGroup):
             parts.append(staged(t))
         reqs = [api.ibcast(self.comm, p.array, opts.rootRank,
                            algorithm=self._algorithm("bcast"), **self._kw) for p in parts]
-        return self._start(reqs, list(tensors), _finish_all(parts), "broadcast")
+        return self._start(reqs, list(tensors), tz.finish_all(parts), "broadcast")
 
     def barrier(self, opts=None):
         one = np.zeros(1, np.uint8)
@@ -259,7 +232,7 @@ class ProcessGroup(dist.ProcessGroup):
             parts.append(staged(t, copy_in=name == "send"))
         post = self.comm.Isend if name == "send" else self.comm.Irecv
         reqs = [_Tested(post(p.array, peer, tag)) for p in parts]
-        return self._start(reqs, list(tensors), _finish_all(parts), name)
+        return self._start(reqs, list(tensors), tz.finish_all(parts), name)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise _unsupported("recv from any source")
@@ -314,48 +287,3 @@ def _unsupported(what: str) -> NotImplementedError:
                                "all_reduce, all_reduce_coalesced, broadcast, all_gather, "
                                "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
                                "barrier, send, recv, and the object collectives built on them)")
-
-
-def _apart(send: np.ndarray, recv: np.ndarray, rank: int | None):
-    """`send`, or IN_PLACE where it is rank `rank`'s block of `recv` (FSDP2 gathers so),
-    or a copy where it overlaps `recv` otherwise (MPI forbids overlapping buffers)."""
-    if not np.shares_memory(send, recv):
-        return send
-    if rank is not None and send.size and send.size * (recv.size // send.size) == recv.size:
-        block = recv[rank * send.size:(rank + 1) * send.size]
-        if block.__array_interface__["data"][0] == send.__array_interface__["data"][0]:
-            return IN_PLACE
-    return send.copy()
-
-
-def _offsets(tensors) -> list[int]:
-    out, at = [], 0
-    for t in tensors:
-        out.append(at)
-        at += t.numel()
-    return out
-
-
-def _finish_all(parts):
-    staged_parts = [p for p in parts if p.staging is not None]
-    if not staged_parts:
-        return None
-    return _calls([p.finish for p in staged_parts])
-
-
-def _calls(functions):
-    functions = list(functions)
-
-    def run():
-        for f in functions:
-            f()
-    return run
-
-
-def seconds(timeout: timedelta | None) -> float | None:
-    """A torch timeout as seconds (None: none)."""
-    if timeout is None:
-        return None
-    s = timeout.total_seconds()
-    return s if s > 0 else None
-

@@ -22,7 +22,8 @@ from datetime import timedelta
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .group import Options, ProcessGroup, seconds
+from .group import ProcessGroup
+from .options import Options, seconds
 
 
 def create(backend_opts, options=None) -> ProcessGroup:

@@ -11,6 +11,9 @@ addition in float32, rounded to nearest-even back to bfloat16, the rounding gloo
 bfloat16 sum does at each step). float16 travels and reduces as NumPy's float16 (each
 addition in float32, rounded back). Booleans reduce as gloo reduces them: SUM and MAX
 are OR, PRODUCT and MIN are AND.
+
+Also here, what the group's methods share about buffers: `apart` (a send buffer that
+overlaps the receive buffer: IN_PLACE or a copy), `offsets`, `finish_all`, `calls`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.distributed as dist
 
 from ..collectives.algorithms import ops
 from ..collectives.algorithms.ops import Op
+from ..collectives.plans import IN_PLACE
 
 R = dist.ReduceOp.RedOpType
 _NAMES = {R.SUM: "SUM", R.AVG: "AVG", R.PRODUCT: "PRODUCT", R.MIN: "MIN", R.MAX: "MAX",
@@ -138,3 +142,42 @@ def staged(tensor: torch.Tensor, copy_in: bool = True) -> Staged:
     staging = (tensor.detach().contiguous() if copy_in
                else torch.empty(tensor.shape, dtype=tensor.dtype))
     return Staged(tensor, staging, words(staging))
+
+
+def apart(send: np.ndarray, recv: np.ndarray, rank: int | None):
+    """`send`, or IN_PLACE where it is rank `rank`'s block of `recv` (FSDP2 gathers so),
+    or a copy where it overlaps `recv` otherwise (MPI forbids overlapping buffers)."""
+    if not np.shares_memory(send, recv):
+        return send
+    if rank is not None and send.size and send.size * (recv.size // send.size) == recv.size:
+        block = recv[rank * send.size:(rank + 1) * send.size]
+        if block.__array_interface__["data"][0] == send.__array_interface__["data"][0]:
+            return IN_PLACE
+    return send.copy()
+
+
+def offsets(tensors) -> list[int]:
+    """Where each tensor starts in the tensors laid end to end (in elements)."""
+    out, at = [], 0
+    for t in tensors:
+        out.append(at)
+        at += t.numel()
+    return out
+
+
+def finish_all(parts):
+    """One call that writes back every staged part (None: nothing was staged)."""
+    staged_parts = [p for p in parts if p.staging is not None]
+    if not staged_parts:
+        return None
+    return calls([p.finish for p in staged_parts])
+
+
+def calls(functions):
+    """One call that makes each of `functions`' calls in turn."""
+    functions = list(functions)
+
+    def run():
+        for f in functions:
+            f()
+    return run
