@@ -27,6 +27,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from ..collectives import api, cost
+from ..collectives.engine.completion import default_timeout
 from ..collectives.placement import placement
 from ..collectives.plans import IN_PLACE
 from ..collectives.state import TAG_BASE
@@ -41,7 +42,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     Args:
         comm: this group's MPI communicator (its ranks in torch's group order).
-        timeout: the group's timeout (seconds): a collective not complete by then fails.
+        timeout: the group's timeout (seconds): a collective not complete by then fails
+            (``MPIDP_TIMEOUT``, where it is set and shorter, instead).
         options: `Options`.
     """
 
@@ -54,7 +56,8 @@ class ProcessGroup(dist.ProcessGroup):
         if comm.Get_size() > 1:  # learned now, while every member is creating the group:
             placement(comm)  # a collective started later then never waits for a peer
             cost.model(comm)  # before its first message (auto's cost model, calibrated)
-        self.timeout = timeout
+        env = default_timeout()  # MPIDP_TIMEOUT, where set and shorter, bounds it too
+        self.timeout = timeout if env is None else env if timeout is None else min(timeout, env)
         self.options = options or Options()
         self.progress = Progress(self.options.progress_interval_s)
         self._kw = {"debug": True} if self.options.debug else {}

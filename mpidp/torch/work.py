@@ -54,19 +54,32 @@ class Work(dist._Work):
         self.future: Future = Future()
         self._lock = threading.Lock()  # the progress thread and wait() race to finish
 
-    def poll(self) -> bool:
-        """Advance the requests without blocking; True (and the future set) once done."""
+    def poll(self, background: bool = False) -> bool:
+        """Advance the requests without blocking; True (and the future set) once done.
+
+        Past the deadline, the progress thread (`background`) only marks the work failed:
+        its future is failed by the next `wait` or `poll` of a caller (failing a future
+        from this thread while DDP's C++ reducer waits on it crashed the process, seen
+        with torch 2.13); DDP's wait then lasts until the job's end (MPIDP_TIMEOUT's
+        watchdog, or a peer's abort, which asks this rank for its flight record)."""
         if self.future.done():
+            return True
+        if self.error is not None:  # timed out in the progress thread
+            if not background:
+                self._fail(self.error)
             return True
         try:
             if not all([r.test() for r in self.requests]):
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     raise TimeoutError(
                         f"mpidp backend: {self.name} not complete after {self.timeout} s "
-                        f"(the process group's timeout): {likely_causes()}")
+                        f"(the process group's timeout, or MPIDP_TIMEOUT): {likely_causes()}")
                 return False
         except BaseException as exc:  # a failed reduction, a deadline: the future says so
-            self._fail(exc)
+            if background and isinstance(exc, TimeoutError):
+                self.error = exc
+            else:
+                self._fail(exc)
             return True
         with self._lock:
             if not self.future.done():
@@ -100,6 +113,7 @@ class Work(dist._Work):
                                    f"{timeout.total_seconds()} s (wait's timeout)")
             time.sleep(0)  # the peers (and the progress thread) need the core and the GIL
         if self.error is not None:
+            self._fail(self.error)
             raise self.error
         return True
 
@@ -147,7 +161,7 @@ class Progress:
                 if self._stop:
                     return
                 works = list(self._works)
-            done = [w for w in works if w.poll()]
+            done = [w for w in works if w.poll(background=True)]
             self.passes += 1
             if done:
                 with self._cv:
