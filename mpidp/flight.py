@@ -56,6 +56,17 @@ DEFAULT_K = 64
 DEFAULT_DIR = "mpidp-flight"
 RECORD_MAX_BYTES = 256 << 20  # what `ask_peers` reads of a record (the doctor's bound too)
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
+_NOT_SITES = (_HERE,)  # folders whose frames are never call sites (`skip_frames_under`)
+
+
+def skip_frames_under(folder: str) -> None:
+    """Frames of code under `folder` are not call sites either: the site is the first frame
+    outside mpidp and outside it (mpidp.torch passes torch.distributed's folder, so a
+    dump names the user's ``dist.all_reduce`` line, not torch's own)."""
+    global _NOT_SITES
+    folder = os.path.join(os.path.abspath(folder), "")
+    if folder not in _NOT_SITES:
+        _NOT_SITES = (*_NOT_SITES, folder)
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
 TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
@@ -92,7 +103,7 @@ def _walk():
     global _last
     depth, below = 2, _getframe(2)  # (Recorder.add's caller's caller: an entry point)
     f = below.f_back
-    while f.f_back is not None and f.f_code.co_filename.startswith(_HERE):
+    while f.f_back is not None and f.f_code.co_filename.startswith(_NOT_SITES):
         below, f, depth = f, f.f_back, depth + 1
     _last = (depth - 1, f.f_code, below.f_code)
     return f
