@@ -9,9 +9,11 @@ construction.
 """
 
 import csv
+import importlib
 import json
 import math
 import os
+import re
 
 import pytest
 from mpi4py import MPI
@@ -491,3 +493,42 @@ def test_the_overlap_plot_has_a_key_per_panel_one_colour_per_mode_off_the_data(
         overlap.plot(json.load(f), str(tmp_path / "overlap-n2.png"))
     (fig,) = figures
     assert problems(fig) == []
+
+
+# ---------------------------------------------------------------- --help
+
+def test_bench_help_lists_every_subcommand_and_exits_0(capsys):
+    from mpidp.bench import __main__ as cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    for name in cli.SUBCOMMANDS:  # each with its one line
+        assert re.search(rf"^\s+{name}\s+\S", out, re.M), out
+    for argv, named in (([], "a subcommand"), (["sweep"], "'sweep'")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert named in err and "usage: python -m mpidp.bench" in err, err
+        assert "--help" in err
+
+
+@pytest.mark.parametrize("name", ["collectives", "overlap", "calibrate", "guard", "zero", "gpt",
+                                  "exact"])
+def test_each_subcommands_help_keeps_its_layout_and_says_what_each_option_is(name, capsys):
+    """The description's lines stay lines (its commands and tables are not run together)
+    and every option says what it is and its default."""
+    from mpidp.bench import __main__ as cli
+
+    module = importlib.import_module(cli.SUBCOMMANDS[name][0])
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    doc = (module.__doc__ or "").strip().splitlines()
+    assert len(doc) > 1 and all(line.strip() in out for line in doc if line.strip()), out
+    options = re.findall(r"^  (--[a-z-]+)(.*)$", out, re.M)
+    assert options, out
+    for flag, rest in options:  # an option's help is on its line or the next
+        following = out.split(flag + rest, 1)[1].split("\n", 2)[1]
+        assert rest.strip() or following.startswith(" " * 8), (flag, out)

@@ -111,3 +111,16 @@ def test_progress_counts_every_ranks_report_and_ends_at_100_percent(tmp_path, fl
     assert shown and shown[-1] == 100 and max(shown) == 100, out
     if flags:
         assert len(re.findall(r"\[rank=\d\] PASSED", out)) == 5, out
+
+
+def test_every_launch_goes_through_the_launch_helper():
+    """No test spells an mpiexec of its own (which one, with which flags): they call
+    tests/helpers/launch.py, which knows the MPI library (Open MPI's --oversubscribe)."""
+    own = re.compile(r"""which\(\s*["']mpi(exec|run)["']|[\[(]\s*["']mpi(exec|run)["']\s*,""")
+    found = []
+    for folder in (HERE, os.path.join(HERE, "helpers")):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py") and name != "launch.py":
+                with open(os.path.join(folder, name)) as f:
+                    found += [f"{name}:{i}" for i, line in enumerate(f, 1) if own.search(line)]
+    assert not found, f"launches of their own (use helpers.launch): {found}"
