@@ -14,6 +14,8 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
 
 import pytest
 from mpi4py import MPI
@@ -532,3 +534,43 @@ def test_each_subcommands_help_keeps_its_layout_and_says_what_each_option_is(nam
     for flag, rest in options:  # an option's help is on its line or the next
         following = out.split(flag + rest, 1)[1].split("\n", 2)[1]
         assert rest.strip() or following.startswith(" " * 8), (flag, out)
+
+
+# ---------------------------------------------------------------- make bench's outputs
+
+WRITES = re.compile(r"(?:--json|--plot|--csv|--out|--data|--img|--readme|--overlap-doc|>)\s+(\S+)"
+                    r"|(?:rm -f|mkdir -p|cp)\s+([^;|&\n]+)")
+
+
+def _dry_run(target: str) -> list[str]:
+    """What `make -n TARGET` (tiny settings) writes: the paths after the flags and commands
+    that write, with the loops' variables set ($n: 2, $r: 1)."""
+    if shutil.which("make") is None or shutil.which("git") is None:
+        pytest.skip("needs make and git (a checkout of the repository)")
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: nothing to tell tracked files by")
+    out = subprocess.run(["make", "-n", target, "BENCH_RANKS=2", "BENCH_RUNS=1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.replace("\\\n", " ")
+    text = "\n".join(line for line in text.splitlines() if "-m pip" not in line
+                     and "venv" not in line.split()[:3])  # setting up the venv, if due
+    paths = []
+    for one, many in WRITES.findall(text):
+        paths += [one] if one else many.split()
+    return [p.replace("$n", "2").replace("$r", "1").strip("\"'") for p in paths
+            if not p.startswith("-")]
+
+
+def test_make_bench_writes_only_into_its_ignored_output_folder():
+    written = _dry_run("bench")
+    assert written and any(p.endswith(".json") for p in written), written
+    tracked = [p for p in written if subprocess.run(
+        ["git", "check-ignore", "-q", p], cwd=ROOT).returncode != 0]
+    assert not tracked, f"make bench writes where git tracks files: {tracked}"
+
+
+def test_make_bench_publish_writes_the_pages_in_docs():
+    written = _dry_run("bench-publish")
+    for page in ("docs/benchmarks.md", "README.md", "docs/overlap.md"):
+        assert page in written, written

@@ -124,3 +124,18 @@ def test_every_launch_goes_through_the_launch_helper():
                 with open(os.path.join(folder, name)) as f:
                     found += [f"{name}:{i}" for i, line in enumerate(f, 1) if own.search(line)]
     assert not found, f"launches of their own (use helpers.launch): {found}"
+
+
+def test_the_launchers_notices_of_a_jobs_end_are_dropped_and_nothing_else(monkeypatch):
+    from helpers import launch
+
+    bar = "-" * 74 + "\n"
+    notice = (bar + "prterun detected that one or more processes exited with non-zero status,\n"
+              "thus causing the job to be terminated. The first process to do so was:\n\n"
+              "   Process name: [prterun-vm-1@1,0]\n   Exit code:    2\n" + bar)
+    other = bar + "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n" + bar
+    err = "train_mlp.py: error: bad\n" + notice + other + "last\n"
+    monkeypatch.setattr(launch, "OPEN_MPI", True)
+    assert launch.program_output(err) == "train_mlp.py: error: bad\n" + other + "last\n"
+    monkeypatch.setattr(launch, "OPEN_MPI", False)  # MPICH's Hydra adds none: left alone
+    assert launch.program_output(err) == err
