@@ -57,7 +57,7 @@ demo: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(PY) examples/train_mlp.py --bucket-mb 0 --trace trace-demo.json
 
 # `make gpt`: a small GPT (2 blocks, 64 wide, 110k parameters) on Python's own standard library
-# source, byte by byte, on 2 ranks, 600 steps (235 s at load 26-29 on 2 cores; docs/gpt.md); it
+# source, byte by byte, on 2 ranks, 600 steps (its time depends on the load: docs/gpt.md); it
 # learns when its held-out loss goes below the corpus's unigram entropy (the best loss without
 # context): checked at the end.
 GPT_NP    ?= 2
