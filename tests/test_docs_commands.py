@@ -200,3 +200,25 @@ def test_the_package_version_is_not_older_than_the_changelogs_newest_entry():
     assert newest, "CHANGELOG.md: no '## X.Y.Z' entry"
     version = tuple(int(v) for v in mpidp.__version__.split("."))
     assert version >= tuple(int(v) for v in newest.groups()), (mpidp.__version__, newest[0])
+
+
+def readme_snippet() -> str:
+    """The Python block under README.md's "Using the collectives"."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text.split("## Using the collectives", 1)[1]
+    return re.search(r"^```python\n(.*?)^```", section, re.M | re.S).group(1)
+
+
+@pytest.mark.mpi(ranks=[3], timeout=90)
+def test_the_readme_snippet_runs_and_prints_what_it_checked(mpi_ranks, capsys, no_debug_check):
+    """As a user runs it (MPIDP_DEBUG off: its agreement check would be counted)."""
+    from mpi4py import MPI
+
+    code = compile(readme_snippet(), "<README.md: Using the collectives>", "exec")
+    exec(code, {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert out.startswith("3 ranks: ") and "checked" in out, out
+    else:
+        assert out == "", out
