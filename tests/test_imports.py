@@ -12,7 +12,7 @@ from test_collectives_imports import ROOT, imported, module_name
 
 # imported by everything, importing (of mpidp) only each other: docs/architecture.md
 BENEATH = {"mpidp.arrays", "mpidp.config", "mpidp.files", "mpidp.untrusted", "mpidp.flight",
-           "mpidp.farewell", "mpidp.trace"}
+           "mpidp.farewell", "mpidp.trace", "mpidp.timeline"}
 
 
 def graph() -> dict[str, set[str]]:
