@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
-          "reduce_scatter": "#64b5cd", "wait": "#c44e52", "optimizer": "#8172b3"}
+          "reduce_scatter": "#64b5cd", "wait": "#c44e52", "optimizer": "#da8bc3"}
 OTHER = "#999999"  # a span of another category
 
 
