@@ -187,7 +187,8 @@ def test_a_documented_command_parses(where, argv, parse_only, capsys):
 def test_a_wrong_flag_is_caught(parse_only, capsys):
     """The check fails where the program would: an unknown flag, a bad value."""
     for argv in (["python", "examples/train_mlp.py", "--epochz", "3"],
-                 ["mpiexec", "-n", "2", "python", "-m", "mpidp.bench", "exact", "--repeats", "x"],
+                 ["mpiexec", "-n", "2", "python", "-m", "mpidp.bench", "exact",  # not a launch
+                  "--repeats", "x"],
                  ["python", "-m", "mpidp.sim", "table", "ring", "--ranks", "four"],
                  ["make", "benchmark"]):
         with pytest.raises(AssertionError):
