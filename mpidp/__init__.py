@@ -8,7 +8,7 @@ and a DataParallel wrapper that overlaps gradient all-reduce with backward).
 from .collectives import *  # noqa: F403
 from .collectives import __all__ as _collectives_all
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 __all__ = [*_collectives_all]
 
 # The trainer (training imports collectives, never the reverse).

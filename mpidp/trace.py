@@ -17,19 +17,18 @@ run's middle one; a whole run is thousands of spans too thin to tell apart).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from contextlib import contextmanager
 
 from . import files
+from .timeline import COLORS, OTHER, TraceError, load, plot, spans_in, steps, window, windows
+
+__all__ = ["COLORS", "COMM", "COMPUTE", "OTHER", "TraceError", "Tracer", "load", "main", "plot",
+           "spans_in", "steps", "window", "windows"]
 
 COMPUTE = 0  # tid of the compute row; bucket k is on row COMM + k
 COMM = 1
-COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "allreduce": "#55a868",
-          "reduce_scatter": "#64b5cd", "wait": "#c44e52", "optimizer": "#8172b3"}
-OTHER = "#999999"  # a span of another category
 
 
 class Tracer:
@@ -156,120 +155,6 @@ class Tracer:
         if comm is None or comm.Get_rank() == 0:
             events = [e for rank_events in per_rank for e in rank_events]
             files.write_json(path, {"traceEvents": events, "displayTimeUnit": "ms"})
-
-
-class TraceError(Exception):
-    """The trace cannot be drawn: missing, not a trace, or the window asked for is not in it."""
-
-
-def load(path: str) -> list[dict]:
-    """The events of a Chrome trace file (TraceError if it is missing or not one)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{path}: not a readable trace ({e})") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise TraceError(f"{path}: not a Chrome trace (no traceEvents list)")
-    return events
-
-
-def steps(events: list[dict]) -> list[tuple[float, float]]:
-    """The training steps of the first rank in the trace, (start, end) in ms: each ends
-    with its optimizer span, the next starts there (the first at the rank's first span).
-    Empty if the trace has no optimizer spans (a trace of backward passes only)."""
-    spans = [e for e in events if e.get("ph") == "X"]
-    if not spans:
-        return []
-    pid = min(e["pid"] for e in spans)
-    mine = [e for e in spans if e["pid"] == pid]
-    ends = sorted((e["ts"] + e["dur"]) / 1e3 for e in mine if e.get("cat") == "optimizer")
-    if not ends:
-        return []
-    starts = [min(e["ts"] for e in mine) / 1e3, *ends[:-1]]
-    return list(zip(starts, ends, strict=True))
-
-
-def window(events: list[dict], start_ms: float | None = None, end_ms: float | None = None,
-           step: int | None = None, whole: bool = False) -> tuple[float, float, str]:
-    """The window to draw, (lo, hi) in ms, and what it is in words.
-
-    By default one step, the middle one of the run: a whole run is thousands of
-    spans, too thin to see (a barcode). `step` (1-based) picks another, `whole` the
-    whole run; `start_ms`/`end_ms` set either edge (the other from the choice above).
-    """
-    spans = [e for e in events if e.get("ph") == "X"]
-    if not spans:
-        raise TraceError("no spans in the trace")
-    run = (min(e["ts"] for e in spans) / 1e3, max(e["ts"] + e["dur"] for e in spans) / 1e3)
-    found = steps(events)
-    if step is not None and not 1 <= step <= len(found):
-        raise TraceError(f"--step {step}: the trace has {len(found)} steps"
-                         + (f" (1 to {len(found)})" if found else ""))
-    if whole or not found:
-        (lo, hi), what = run, "the whole run"
-    else:
-        k = len(found) // 2 + 1 if step is None else step
-        (lo, hi), what = found[k - 1], f"step {k} of {len(found)}"
-    if start_ms is not None or end_ms is not None:
-        lo = lo if start_ms is None else start_ms
-        hi = hi if end_ms is None else end_ms
-        what = f"{lo:g}-{hi:g} ms"
-    if not lo < hi:
-        raise TraceError(f"an empty window: {lo:g} to {hi:g} ms")
-    return lo, hi, what
-
-
-def plot(path: str, out: str, start_ms: float | None = None, end_ms: float | None = None,
-         title: str | None = None, step: int | None = None, whole: bool = False) -> str:
-    """Draw a trace as horizontal bars: one band per rank, one row per tid; return what
-    window was drawn, in words (see `window`: by default the run's middle step)."""
-    events = load(path)
-    lo, hi, what = window(events, start_ms, end_ms, step, whole)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e["name"] == "thread_name"}
-    spans = [e for e in events if e.get("ph") == "X"]
-    spans = [e for e in spans if e["ts"] / 1e3 < hi and (e["ts"] + e["dur"]) / 1e3 > lo]
-    rows = sorted({(e["pid"], e["tid"]) for e in spans} | {k for k in names if k[0] in
-                                                           {e["pid"] for e in spans}})
-    y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
-    kind = os.path.splitext(out)[1][1:].lower() or "png"  # checked before drawing
-    if kind not in fig.canvas.get_supported_filetypes():
-        plt.close(fig)
-        raise TraceError(f"-o {out}: {kind!r} is not a format it can draw (png, svg, pdf, ...)")
-    for e in spans:
-        left = max(e["ts"] / 1e3, lo)
-        width = min((e["ts"] + e["dur"]) / 1e3, hi) - left
-        ax.barh(y_of[(e["pid"], e["tid"])], width, left=left, height=0.8,
-                color=COLORS.get(e["cat"], OTHER), edgecolor="black", linewidth=0.3)
-    for e in events:  # instants: a piece done, a tick across its row; a round, a short one
-        if e.get("ph") == "i" and lo <= e["ts"] / 1e3 <= hi and (e["pid"], e["tid"]) in y_of:
-            y, h = y_of[(e["pid"], e["tid"])], 0.2 if e.get("cat") == "round" else 0.4
-            ax.plot([e["ts"] / 1e3] * 2, [y - h, y + h], color="black", lw=0.8)
-    ax.set_yticks(list(y_of.values()))
-    ax.set_yticklabels([f"rank {p} {names.get((p, t), t)}" for p, t in y_of])
-    ax.set_xlim(lo, hi)
-    ax.set_xlabel("time (ms)")
-    # the key: a colour per kind of span drawn, below the axes (never over the bars)
-    shown = {e["cat"] if e["cat"] in COLORS else "other" for e in spans}
-    kinds = [k for k in [*COLORS, "other"] if k in shown]
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS.get(k, OTHER)) for k in kinds]
-    fig.legend(handles, kinds, loc="lower center", ncol=max(len(kinds), 1), fontsize=8)
-    ax.set_title(title or f"{path}: {what}")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    files.replace(out, lambda f: fig.savefig(f, dpi=120, format=kind))  # atomically
-    plt.close(fig)
-    return what
 
 
 def main(argv: list[str] | None = None) -> int:

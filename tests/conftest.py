@@ -8,13 +8,20 @@ job's timeout: it prints which rank was stuck, in which test, with every
 thread's stack, then exits, so mpiexec tears down the other ranks and the test
 fails with that report instead of hanging.
 
-Under Open MPI (``make test MPI=openmpi``) every launch gets `MPIEXEC_FLAGS`
-(``--oversubscribe``: more ranks than cores) and the two variables that let root
-run it; tests that start mpiexec themselves take the `mpiexec` fixture.
+Every launch knows the MPI library through one helper, tests/helpers/launch.py: under
+Open MPI (``make test MPI=openmpi``) the plugin's launches get its `FLAGS`
+(``--oversubscribe``: more ranks than cores) and the two variables that let root run
+it; tests that start mpiexec themselves call `helpers.launch` (or take the `mpiexec`
+fixture, the start of its command line).
+
+Two quirks of pytest-isolate-mpi 0.4.1 are mended here: with ``-q`` it hands the
+launched ranks a bare ``-`` (they fail: "file or directory not found: -"), and each
+rank's report counts as a test of its own in the progress, which then ran past 100 %.
 """
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import sys
@@ -22,15 +29,15 @@ import threading
 import time
 
 import pytest
+from helpers import launch
 from mpi4py import MPI
 
 IN_RANK = bool(os.environ.get("PYTEST_ISOLATE_MPI_IS_FORKED"))
-OPEN_MPI = "Open MPI" in MPI.Get_library_version()
-# Open MPI refuses more ranks than cores unless told; MPICH's Hydra needs nothing
-MPIEXEC_FLAGS = ["--oversubscribe"] if OPEN_MPI else []
-if OPEN_MPI:  # Open MPI also refuses to run as root unless told (harmless for other users)
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+OPEN_MPI = launch.OPEN_MPI
+MPIEXEC_FLAGS = launch.FLAGS  # what pytest-isolate-mpi's launches add after `mpiexec -n N`
+if OPEN_MPI:  # the plugin's launches inherit this process's environment
+    for _name, _value in launch.ROOT_VARS.items():
+        os.environ.setdefault(_name, _value)
 
 # Every collective of the suite checks that the ranks agree on its arguments (the
 # launched ranks inherit it); tests that count bytes or messages turn it off with
@@ -75,6 +82,19 @@ def _timeout_of(item) -> float | None:
     return float(mark.kwargs["timeout"]) * scale
 
 
+def _quiet_safe(add_reporting_options):
+    """pytest-isolate-mpi's reporting options for the launched ranks, right under ``-q``.
+
+    It writes ``-`` + ``"v" * verbose``, and ``-q`` makes verbose negative: a bare ``-``,
+    which the ranks take for a file to test. Here they get ``-q`` (as often as given)."""
+    def add(cmd, option):
+        quiet = max(0, -option.verbose)
+        add_reporting_options(cmd, argparse.Namespace(**{**vars(option), "verbose":
+                                                         max(0, option.verbose)}))
+        cmd += ["-" + "q" * quiet] if quiet else []
+    return add
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-isolate-mpi reads its ini options
 def pytest_configure(config):
     if not IN_RANK:  # pytest-isolate-mpi puts mpi_command_line_args after `mpiexec -n N`
@@ -82,6 +102,11 @@ def pytest_configure(config):
         if args is None:  # a folder without that setting (test_harness.py's inner runs)
             args = config._inicache["mpi_command_line_args"] = []
         args.extend(MPIEXEC_FLAGS)  # the cached list, which the plugin reads next
+        from pytest_isolate_mpi import _subsession
+
+        if not getattr(_subsession._add_reporting_options, "quiet_safe", False):
+            _subsession._add_reporting_options = _quiet_safe(_subsession._add_reporting_options)
+            _subsession._add_reporting_options.quiet_safe = True
         return
     # Every rank is its own pytest session; with the default base folder they
     # would prune each other's /tmp/pytest-of-USER/pytest-N folders.
@@ -94,14 +119,28 @@ def pytest_configure(config):
         atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """Count each launched rank's report in the progress: every rank of a job reports its
+    own outcome (``test[3][rank=2]``), so a job of N ranks is N of the reports the progress
+    counts, not one (else ``make test`` climbed to 123 %)."""
+    if IN_RANK or session.config.getoption("--no-mpi-isolation", False):
+        return
+    session.testscollected += sum(_ranks_of(item) - 1 for item in session.items
+                                  if item.get_closest_marker("mpi") is not None)
+
+
+def _ranks_of(item) -> int:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("mpi_ranks", 1) if callspec is not None else 1
+
+
 @pytest.fixture
 def mpiexec() -> list[str]:
-    """The start of an mpiexec command line: the venv's mpiexec and `MPIEXEC_FLAGS`."""
-    import shutil
-
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
-                         + os.environ.get("PATH", ""))
-    return [found or "mpiexec", *MPIEXEC_FLAGS]
+    """The start of an mpiexec command line (tests/helpers/launch.py): the venv's mpiexec
+    and the MPI library's flags. Run it with ``launch.environ()`` where the job must not
+    inherit this one's."""
+    return [launch.mpiexec_path(), *launch.FLAGS]
 
 
 if IN_RANK:

@@ -9,9 +9,13 @@ construction.
 """
 
 import csv
+import importlib
 import json
 import math
 import os
+import re
+import shutil
+import subprocess
 
 import pytest
 from mpi4py import MPI
@@ -491,3 +495,82 @@ def test_the_overlap_plot_has_a_key_per_panel_one_colour_per_mode_off_the_data(
         overlap.plot(json.load(f), str(tmp_path / "overlap-n2.png"))
     (fig,) = figures
     assert problems(fig) == []
+
+
+# ---------------------------------------------------------------- --help
+
+def test_bench_help_lists_every_subcommand_and_exits_0(capsys):
+    from mpidp.bench import __main__ as cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    for name in cli.SUBCOMMANDS:  # each with its one line
+        assert re.search(rf"^\s+{name}\s+\S", out, re.M), out
+    for argv, named in (([], "a subcommand"), (["sweep"], "'sweep'")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert named in err and "usage: python -m mpidp.bench" in err, err
+        assert "--help" in err
+
+
+@pytest.mark.parametrize("name", ["collectives", "overlap", "calibrate", "guard", "zero", "gpt",
+                                  "exact"])
+def test_each_subcommands_help_keeps_its_layout_and_says_what_each_option_is(name, capsys):
+    """The description's lines stay lines (its commands and tables are not run together)
+    and every option says what it is and its default."""
+    from mpidp.bench import __main__ as cli
+
+    module = importlib.import_module(cli.SUBCOMMANDS[name][0])
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    doc = (module.__doc__ or "").strip().splitlines()
+    assert len(doc) > 1 and all(line.strip() in out for line in doc if line.strip()), out
+    options = re.findall(r"^  (--[a-z-]+)(.*)$", out, re.M)
+    assert options, out
+    for flag, rest in options:  # an option's help is on its line or the next
+        following = out.split(flag + rest, 1)[1].split("\n", 2)[1]
+        assert rest.strip() or following.startswith(" " * 8), (flag, out)
+
+
+# ---------------------------------------------------------------- make bench's outputs
+
+WRITES = re.compile(r"(?:--json|--plot|--csv|--out|--data|--img|--readme|--overlap-doc|>)\s+(\S+)"
+                    r"|(?:rm -f|mkdir -p|cp)\s+([^;|&\n]+)")
+
+
+def _dry_run(target: str) -> list[str]:
+    """What `make -n TARGET` (tiny settings) writes: the paths after the flags and commands
+    that write, with the loops' variables set ($n: 2, $r: 1)."""
+    if shutil.which("make") is None or shutil.which("git") is None:
+        pytest.skip("needs make and git (a checkout of the repository)")
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: nothing to tell tracked files by")
+    out = subprocess.run(["make", "-n", target, "BENCH_RANKS=2", "BENCH_RUNS=1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.replace("\\\n", " ")
+    text = "\n".join(line for line in text.splitlines() if "-m pip" not in line
+                     and "venv" not in line.split()[:3])  # setting up the venv, if due
+    paths = []
+    for one, many in WRITES.findall(text):
+        paths += [one] if one else many.split()
+    return [p.replace("$n", "2").replace("$r", "1").strip("\"'") for p in paths
+            if not p.startswith("-")]
+
+
+def test_make_bench_writes_only_into_its_ignored_output_folder():
+    written = _dry_run("bench")
+    assert written and any(p.endswith(".json") for p in written), written
+    tracked = [p for p in written if subprocess.run(
+        ["git", "check-ignore", "-q", p], cwd=ROOT).returncode != 0]
+    assert not tracked, f"make bench writes where git tracks files: {tracked}"
+
+
+def test_make_bench_publish_writes_the_pages_in_docs():
+    written = _dry_run("bench-publish")
+    for page in ("docs/benchmarks.md", "README.md", "docs/overlap.md"):
+        assert page in written, written

@@ -665,6 +665,42 @@ def test_a_bad_flag_is_a_usage_error_before_anything_is_built(argv, says, monkey
     assert err.splitlines()[-1].startswith("python -m mpidp.cluster"), err
 
 
+
+@pytest.mark.parametrize("command, runs", [
+    (["python", "-m", "mpidp", "x.py"], [sys.executable, "-m", "mpidp", "x.py"]),
+    (["python3", "-c", "pass"], [sys.executable, "-c", "pass"]),
+    (["/usr/bin/python3", "x.py"], ["/usr/bin/python3", "x.py"]),  # a path: as given
+    (["true"], ["true"]),
+])
+def test_run_takes_python_for_its_own_interpreter(command, runs, monkeypatch):
+    """``run -- python ...`` runs the launcher's own interpreter (the venv's, where mpidp and
+    mpi4py are), not the first python on PATH (the system's, without them)."""
+    from mpidp.cluster import __main__ as cli
+
+    started = []
+
+    class Recorded:  # the cluster, minus the namespaces: what it would run
+        timed_out = False
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def run(self, np_, argv, **kw):
+            started.append(argv)
+            return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(cli, "Cluster", Recorded)
+    monkeypatch.setattr(cli.signal, "signal", lambda *args: None)  # the test's own handlers
+    assert cli.main(["run", "--hosts", "2", "--", *command]) == 0
+    assert started == [runs]
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         rank_collectives()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ import textwrap
 import time
 
 import pytest
-from conftest import MPIEXEC_FLAGS, OPEN_MPI
+from helpers import launch
+from helpers.launch import OPEN_MPI
 
 PRELUDE = """\
 import os, sys, time
@@ -143,16 +143,15 @@ def _diagnosed_as(result, kind: str) -> bool:
 
 
 def _launch(base, names: list[str]) -> dict:
-    mpiexec = shutil.which("mpiexec")
     procs = {}
     for name in names:
         n, _, flags, *_ = SCENARIOS[name]
         (base / f"{name}.py").write_text(script_of(name))
-        env = {**os.environ, "MPIDP_TIMEOUT": DEADLINE_S, "MPIDP_DEBUG": "0",
-               "MPIDP_COST": "default", "MPIDP_FLIGHT_DIR": str(base / name)}
+        env = launch.environ({"MPIDP_TIMEOUT": DEADLINE_S, "MPIDP_DEBUG": "0",
+                              "MPIDP_COST": "default", "MPIDP_FLIGHT_DIR": str(base / name)})
         procs[name] = subprocess.Popen(
-            [mpiexec, *MPIEXEC_FLAGS, *flags, "-n", str(n), sys.executable, "-m", "mpidp",
-             str(base / f"{name}.py")], env=env, cwd=base, start_new_session=True,
+            launch.command(n, [sys.executable, "-m", "mpidp", str(base / f"{name}.py")],
+                           flags), env=env, cwd=base, start_new_session=True,
             # stdin open, or output to pipes: Hydra's mpiexec ended a job at once when a
             # rank was killed, -disable-auto-cleanup or not; so /dev/null and a file
             stdin=subprocess.DEVNULL, stdout=open(base / f"{name}.out", "w"),

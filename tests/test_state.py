@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.comms import NarrowTags
 from helpers.oracle import (
     assert_same,
     counts_for,
@@ -22,6 +23,8 @@ from helpers.oracle import (
 )
 from helpers.subcomms import on_each_size
 from helpers.sweeps import debug_check_off
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 from mpi4py import MPI
 
 import mpidp
@@ -167,16 +170,41 @@ def check_an_explicit_tag_must_be_the_users(world):
     assert np.array_equal(y, np.full(4, 2.0)) and state.state(comm).started == started
 
 
+def check_the_standards_smallest_tag_bound_runs_persistent_collectives(world):
+    """A communicator whose tag bound is 32767 (the least MPI allows) runs persistent
+    collectives beside plain ones, every tag within the bound."""
+    comm = NarrowTags(world.Dup())
+    n = comm.Get_size()
+    st = state.state(comm)
+    assert st.half < st.sigs  # room for persistent collectives
+    x, y, w = np.arange(4.0 * n), np.empty(4 * n), np.empty(4)
+    reqs = [mpidp.allreduce_init(comm, x, y, algorithm=a) for a in ("ring", "auto")]
+    reqs.append(mpidp.Comm(comm).Reduce_scatter_block_init(x, w, algorithm="ring"))
+    z = np.empty_like(x)
+    for _ in range(3):
+        mpidp.Persistent.Startall(reqs)
+        plain = mpidp.iallreduce(comm, x, z, algorithm="ring")  # in flight alongside
+        mpidp.waitall([plain, *reqs])
+        assert np.array_equal(y, n * x) and np.array_equal(z, n * x)
+        assert np.array_equal(w, n * x[4 * comm.Get_rank():][:4])
+    for req in reqs:
+        req.Free()
+    assert comm.tags and min(comm.tags) >= state.TAG_BASE and max(comm.tags) <= 32767
+    comm._comm.Free()
+
+
 # One launch for the sequence's checks (a launch of ranks costs seconds of start-up).
 
 @pytest.mark.mpi(ranks=[3], timeout=120)
 def test_a_raising_call_takes_its_number_wrapping_around_is_an_error_and_tags_are_users(
         mpi_ranks):
     """A call that raises uses its number up on every rank (N = 3); wrapping around the tag
-    range is a clear error (N = 2, 3); an explicit tag must be the user's (N = 2)."""
+    range is a clear error (N = 2, 3); an explicit tag must be the user's (N = 2); the
+    smallest tag bound MPI allows runs persistent collectives (N = 2, 3)."""
     on_each_size((3,), check_a_call_that_raises_uses_its_number_up_on_every_rank)
     on_each_size((2, 3), patched(check_wrapping_around_the_tag_range_is_a_clear_error))
     on_each_size((2,), check_an_explicit_tag_must_be_the_users)
+    on_each_size((2, 3), check_the_standards_smallest_tag_bound_runs_persistent_collectives)
 
 
 def test_the_sequence_is_thread_safe():
@@ -199,11 +227,13 @@ def test_the_sequence_is_thread_safe():
 
 
 def test_tags_fold_the_signature_and_stay_in_range():
-    wide, narrow = state.CommState(tag_ub=(1 << 29) - 1), state.CommState(tag_ub=32767)
-    assert wide.sigs == 1 << 16 and narrow.sigs == 3  # the standard's bound: 1 bit of signature
+    wide = state.CommState(tag_ub=(1 << 29) - 1)
+    assert wide.sigs == 1 << 16 and wide.slots == state.SLOTS
+    narrow = state.CommState(tag_ub=32767)  # the standard's least: fewer slots, not signatures
+    assert narrow.sigs >= state.MIN_SIGS and narrow.half < narrow.sigs
     for st in (wide, narrow):
-        tags = {st.tag(slot, sig) for slot in (0, 1, state.SLOTS - 1) for sig in (0, 1, 2, 77)}
-        assert min(tags) >= state.TAG_BASE and max(tags) <= st.sigs * state.SLOTS + state.TAG_BASE
+        tags = {st.tag(slot, sig) for slot in (0, 1, st.slots - 1) for sig in (0, 1, 2, 77)}
+        assert min(tags) >= state.TAG_BASE and max(tags) <= st.sigs * st.slots + state.TAG_BASE
     assert wide.tag(3, 0) == state.TAG_BASE + 3  # no signature: the plain slot
     assert wide.tag(3, 1) != wide.tag(3, 2)  # different calls, different tags
     a = state.signature("allreduce", 10, np.dtype("f4"), mpidp.SUM, "ring")
@@ -213,6 +243,43 @@ def test_tags_fold_the_signature_and_stay_in_range():
                   ("allreduce", 10, np.dtype("f4"), mpidp.MAX, "ring"),
                   ("allreduce", 10, np.dtype("f4"), mpidp.SUM, "rabenseifner")]:
         assert state.signature(*other) != a, other
+
+
+@settings(max_examples=300, deadline=None)
+@given(tag_ub=st_.integers(32767, 2**31 - 1), slot=st_.integers(0, 1 << 20),
+       sig=st_.integers(0, 2**32 - 1), other=st_.integers(1, 2**32 - 1))
+def test_every_tag_is_within_the_bound_and_persistent_ones_have_their_own(tag_ub, slot, sig,
+                                                                          other):
+    """Any tag bound MPI may give: every tag lies in TAG_BASE..bound, a slot's tag is its
+    own (no other slot's), and persistent tags never meet those of collectives started once."""
+    st = state.CommState(tag_ub=tag_ub)
+    slot %= st.slots
+    assert st.sigs >= state.MIN_SIGS and st.half < st.sigs
+    plain, held = st.tag(slot, sig), st.tag(slot, sig, persistent=True)
+    for tag in (plain, held):
+        assert state.TAG_BASE <= tag <= tag_ub and (tag - state.TAG_BASE) % st.slots == slot
+    assert held != plain and held not in {st.tag(slot, s) for s in (0, other, sig ^ other)}
+
+
+def test_every_communicator_of_the_job_has_the_worlds_tag_bound():
+    """COMM_SELF, its duplicates, Split and Create ones: the world's tag bound, so the same
+    tag scheme (Open MPI gives the attribute on COMM_WORLD and its duplicates only)."""
+    world_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    made = [MPI.COMM_SELF.Dup(), MPI.COMM_WORLD.Split(0), MPI.COMM_WORLD.Dup(),
+            MPI.COMM_WORLD.Create(MPI.COMM_WORLD.Get_group())]
+    for comm in (MPI.COMM_SELF, *made):
+        st = state.state(comm)
+        assert (st.sigs, st.half) == (state.CommState(world_ub).sigs,
+                                      state.CommState(world_ub).half), comm
+    x, y = np.arange(3.0), np.empty(3)
+    for comm in made[:2]:  # persistent collectives need the wide range
+        req = mpidp.allreduce_init(comm, x, y)
+        req.Start()
+        req.Wait()
+        assert np.array_equal(y, comm.Get_size() * x)
+        req.Free()
+    for comm in made:
+        comm.Free()
 
 
 # ---------------------------------------------------------------- ranks that disagree

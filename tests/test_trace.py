@@ -135,8 +135,9 @@ def test_plot_draws_one_step_by_default_and_says_how_to_draw_others(tmp_path, ca
 
     assert ms(trace.steps(events)) == [(0, 9), (9, 19), (19, 29)]  # rank 0's, in ms
     lo, hi, what = trace.window(events)
-    assert ms([(lo, hi)]) == [(9, 19)] and what == "step 2 of 3"  # the middle one
-    assert ms([trace.window(events, step=1)[:2]]) == [(0, 9)]
+    assert ms([(lo, hi)]) == [(9, 20)] and what == "step 2 of 3"  # the middle one, each
+    # rank's own: rank 0's from 9 to 19 ms, rank 1's (1 ms behind) from 10 to 20
+    assert ms([trace.window(events, step=1)[:2]]) == [(0, 10)]
     assert ms([trace.window(events, whole=True)[:2]]) == [(0, 30)]
     assert ms([trace.window(events, end_ms=12)[:2]]) == [(9, 12)]
     assert trace.main(["plot", path, "-o", png]) == 0
@@ -187,3 +188,56 @@ def test_plot_to_a_place_it_cannot_write_is_one_line_and_exit_2(tmp_path, capsys
     assert len(err.splitlines()) == 1 and message in err, err
     assert err.startswith("python -m mpidp.trace plot: error: ")
     assert sorted(os.listdir(tmp_path)) == ["fifo.png", "run.json"]
+
+
+def out_of_phase(path):
+    """2 ranks, 3 steps of 10 ms each, rank 1 half a step behind rank 0; span names say
+    the step ("forward L1 s2"), a piece's tick and a round's tick on the bucket row."""
+    events = []
+    for rank in (0, 1):
+        t = trace.Tracer(rank)
+        t.t0 = 0.0
+        for k in range(3):
+            s, name = 0.010 * k + 0.005 * rank, f"s{k + 1}"
+            t.add(f"forward L1 {name}", s, s + 0.002, "forward")
+            t.add(f"backward L1 {name}", s + 0.002, s + 0.006, "backward")
+            t.add(f"allreduce bucket 0 {name}", s + 0.004, s + 0.008, "allreduce",
+                  tid=trace.COMM)
+            t.mark(f"round 0 {name}", s + 0.004, "round", tid=trace.COMM)
+            t.mark(f"piece 0 done {name}", s + 0.005, "allreduce", tid=trace.COMM)
+            t.add(f"sgd {name}", s + 0.008, s + 0.010, "optimizer")
+        events += t.chrome_events()
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_the_default_window_is_the_same_step_on_every_rank_and_its_ticks_are_keyed(
+        tmp_path, monkeypatch):
+    """Ranks out of phase: the middle step of each rank, not rank 0's interval (which
+    would show the end of rank 1's step 1 and the start of its step 3); the ticks (a round
+    posted, a piece done) are in the key."""
+    from helpers.plots import drawn, problems
+
+    path = str(tmp_path / "run.json")
+    out_of_phase(path)
+    events = trace.load(path)
+    lo, hi, what, bounds = trace.windows(events)
+    assert what == "step 2 of 3" and (round(lo, 6), round(hi, 6)) == (10, 25)
+    spans = trace.spans_in(events, lo, hi, bounds)
+    assert spans and {e["name"].rsplit(" ", 1)[1] for e in spans} == {"s2"}, spans
+    assert {e["pid"] for e in spans} == {0, 1}
+    figures = drawn(monkeypatch)
+    trace.plot(path, str(tmp_path / "t.png"))
+    (fig,) = figures
+    assert problems(fig) == []
+    keys = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "round posted" in keys and "piece done" in keys, keys
+
+
+def test_plot_of_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
+    """A trace that is a FIFO: before, `open` blocked until a writer came (for ever); the one
+    reader (mpidp.untrusted) refuses it."""
+    os.mkfifo(tmp_path / "run.json")
+    assert trace.main(["plot", str(tmp_path / "run.json"), "-o", str(tmp_path / "t.png")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "not a regular file" in err, err

@@ -16,7 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpidp.bench.output import human, parse_size
+from mpidp.bench.output import HelpFormatter, human, parse_size
 from mpidp.collectives import ALGORITHMS, api, cost
 
 
@@ -55,9 +55,11 @@ def measure(comm, nbytes: int, names, reps: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidp.bench calibrate")
-    parser.add_argument("--max", type=parse_size, default=16 << 20, help="largest size (16MiB)")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls per size")
+    parser = argparse.ArgumentParser(prog="python -m mpidp.bench calibrate", description=__doc__,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--max", type=parse_size, default="16MiB", help="largest size")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="timed calls per size (unset: fewer as sizes grow)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()

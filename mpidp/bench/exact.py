@@ -26,7 +26,7 @@ from mpi4py import MPI
 import mpidp
 from mpidp.collectives import cost
 
-from .output import parse_size
+from .output import HelpFormatter, parse_size
 
 
 def _time(comm, fn) -> float:
@@ -47,10 +47,11 @@ def _variants(comm, x, y, extra) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpidp.bench exact", description=__doc__)
-    p.add_argument("--sizes", default="1MiB,4MiB,16MiB,64MiB")
-    p.add_argument("--dtypes", default="float64,float32")
-    p.add_argument("--repeats", type=int, default=3)
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench exact", description=__doc__,
+                                formatter_class=HelpFormatter)
+    p.add_argument("--sizes", default="1MiB,4MiB,16MiB,64MiB", help="buffer sizes, comma-separated")
+    p.add_argument("--dtypes", default="float64,float32", help="dtypes, comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls of each variant")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

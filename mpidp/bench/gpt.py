@@ -40,22 +40,23 @@ from ..training import GPT, AdamW, DataParallel, data
 from ..training.gpt import token_cross_entropy
 from ..training.memory import formula_bytes, model_state_bytes
 from ..training.trainer import blas_threads
-from .output import publish
+from .output import HelpFormatter, publish
 
 MODES = ("compute", "serial", "overlap")
 MARK = ("<!-- gpt-tables -->", "<!-- /gpt-tables -->")
 
 
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpidp.bench gpt", description=__doc__)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--context", type=int, default=64)
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench gpt", description=__doc__,
+                                formatter_class=HelpFormatter)
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    p.add_argument("--width", type=int, default=64, help="the embedding width")
+    p.add_argument("--context", type=int, default=64, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=12, help="local batch per rank (sequences)")
     p.add_argument("--bucket-mb", type=float, default=0.1, help="train_gpt.py's default")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per mode")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--label", default=None, help="what the run is, for the report")
     p.add_argument("--memory", action="store_true", help="ZeRO 0/1/2 model states per rank")
     p.add_argument("--trace", metavar="FILE", help="a Chrome trace of overlapped steps")

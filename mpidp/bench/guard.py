@@ -24,6 +24,7 @@ import timeit
 import numpy as np
 from mpi4py import MPI
 
+from mpidp.bench.output import HelpFormatter
 from mpidp.collectives import api, checks, plan
 from mpidp.collectives.state import CommState, signature
 
@@ -64,9 +65,10 @@ def end_to_end(comm, iters: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidp.bench guard")
-    parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = argparse.ArgumentParser(prog="python -m mpidp.bench guard", description=__doc__,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--iters", type=int, default=2000, help="timed calls per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs (the median is reported)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     iso = isolation_ns()

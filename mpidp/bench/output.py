@@ -27,6 +27,18 @@ def bus_factor(collective: str, n: int) -> float:
     return 1.0
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` for the bench's commands: the description as written (its command lines
+    and tables keep their lines), and each option's default after its help."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text \
+                and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
 def parse_size(text: str) -> int:
     """'8', '4K', '4KiB', '1MB', '64MiB' -> bytes (K, M, G are powers of 1024)."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)

@@ -42,6 +42,7 @@ from mpi4py import MPI
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
 from ..training.trainer import blas_threads
+from .output import HelpFormatter
 
 MODES = ("compute", "compute+blocks", "serial", "overlap", "overlap+thread", "overlap+wait",
          "overlap+blocks", "overlap+pieces", "pieces+wait", "default")
@@ -79,17 +80,21 @@ def efficiency(serial: dict, compute: dict, mode: dict) -> float:
 
 
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpidp.bench overlap", description=__doc__)
-    p.add_argument("--hidden", default="512,512,512")
-    p.add_argument("--features", type=int, default=256)
-    p.add_argument("--classes", type=int, default=10)
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench overlap", description=__doc__,
+                                formatter_class=HelpFormatter)
+    p.add_argument("--hidden", default="512,512,512", help="the MLP's hidden widths")
+    p.add_argument("--features", type=int, default=256, help="input features")
+    p.add_argument("--classes", type=int, default=10, help="output classes")
     p.add_argument("--batch", type=int, default=64, help="local batch per rank")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="parameters and gradients")
     p.add_argument("--bucket-mb", type=float, default=0.0, help="0: one bucket per layer")
-    p.add_argument("--first-bucket-mb", type=float, default=1.0)
-    p.add_argument("--algorithm", default="auto", choices=api.ALGORITHMS["allreduce"])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--first-bucket-mb", type=float, default=1.0,
+                   help="the first bucket's size (the last layers' gradients)")
+    p.add_argument("--algorithm", default="auto", choices=api.ALGORITHMS["allreduce"],
+                   help="the buckets' all-reduce")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per mode")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, of {', '.join(MODES)} (all: every one)")
     p.add_argument("--piece-mb", default="auto",

@@ -40,7 +40,7 @@ from .. import collectives as mp
 from ..training import MLP, SGD, Adam, DataParallel, softmax_cross_entropy
 from ..training.memory import StepPeak, formula_bytes, model_state_bytes
 from ..training.trainer import blas_threads
-from .output import publish
+from .output import HelpFormatter, publish
 
 DEMO = [64, 128, 64, 10]
 KINDS = {"sgd": (lambda m: SGD(m.params, m.grads, lr=0.05, momentum=0.9), 1),
@@ -49,12 +49,13 @@ MARK = ("<!-- zero-table -->", "<!-- /zero-table -->")
 
 
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpidp.bench zero", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m mpidp.bench zero", description=__doc__,
+                                formatter_class=HelpFormatter)
     p.add_argument("--batch", type=int, default=16, help="local batch per rank")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="training steps per stage")
     p.add_argument("--timing", action="store_true", help="also time prefetch on and off")
     p.add_argument("--hidden", default="1024,1024,1024", help="the timed model's hidden widths")
-    p.add_argument("--timed-steps", type=int, default=20)
+    p.add_argument("--timed-steps", type=int, default=20, help="with --timing: timed steps")
     p.add_argument("--json", metavar="FILE", help="write the rows here (rank 0)")
     p.add_argument("--report", metavar="DIR", help="tables from DIR/zero-n*.json (no MPI run)")
     p.add_argument("--doc", metavar="FILE.md", help="with --report: write the tables here")

@@ -281,6 +281,18 @@ def main(args: list[str] | None = None) -> int:
         return 128 + e.signum
 
 
+def own_python(argv: list[str]) -> list[str]:
+    """`argv` with a bare ``python`` (or ``python3``) as this interpreter, ``sys.executable``.
+
+    The ranks start from a fresh shell inside the hosts, where ``python`` is the first on
+    PATH (the system's, without mpidp and mpi4py unless the venv is activated); the one
+    running ``python -m mpidp.cluster`` has them. A path (``/usr/bin/python3``) is as given.
+    """
+    if argv and argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
 def _command(a: argparse.Namespace) -> int:
     if a.cmd in ("down", "status"):
         ok, why = available()
@@ -300,7 +312,7 @@ def _command(a: argparse.Namespace) -> int:
         if a.cmd == "up":
             cluster.up()
             cluster._lock.release()  # leave it up for others to use by hand
-            argv = cluster.mpiexec_argv(a.hosts, ["python", "script.py"])
+            argv = cluster.mpiexec_argv(a.hosts, [sys.executable, "script.py"])
             print(f"{a.hosts} hosts up: {' '.join(cluster.addresses)} "
                   f"({rate or 'no rate limit'}, {delay or 'no delay'})")
             print("run:  " + shlex.join(argv))
@@ -311,7 +323,7 @@ def _command(a: argparse.Namespace) -> int:
                 return cluster.run(a.hosts * a.ppn, [
                     sys.executable, "-m", "mpidp.cluster", "bench-rank", a.sizes,
                     str(a.iters), a.rate, a.algorithms], ppn=a.ppn).returncode
-        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        argv = own_python(a.argv[1:] if a.argv[:1] == ["--"] else a.argv)
         if not argv:
             print("mpidp.cluster run: give a command after --", file=sys.stderr)
             return 2

@@ -11,17 +11,24 @@ then raises has used it up on that rank as on the others.
 
 A tag packs the slot of that number and a signature of the call (`signature`):
 
-    tag = TAG_BASE + sig·SLOTS + k mod SLOTS        sig in 1 .. sigs/2 - 1 (0: no signature)
+    tag = TAG_BASE + sig·slots + k mod slots        sig in 1 .. sigs/2 - 1 (0: no signature)
 
 Ranks that disagree on the count, dtype, op, root or algorithm compute different
 signatures, so their messages cannot match and no data is exchanged: the
 collective stalls (a deadline ends it) instead of returning garbage. A
-mismatch slips through only when two signatures collide, with odds 1/(sigs/2 - 1):
-1 in 32767 where the MPI library's tag bound allows it (MPICH, Open MPI), 1 in
-2 with the bound the MPI standard guarantees (32767). The upper half of the
-signatures is for persistent collectives, which keep their number and tag for
-life (``*_init``), so that a collective started later with the same slot never
-meets them. Tags below TAG_BASE are the user's own.
+mismatch slips through only when two signatures collide, with odds 1/(sigs/2 - 1).
+The upper half of the signatures is for persistent collectives, which keep their
+number and tag for life (``*_init``), so that a collective started later with the
+same slot never meets them. Tags below TAG_BASE are the user's own.
+
+How many tags there are is the MPI library's tag bound (``MPI.TAG_UB``). Where it
+is wide (MPICH: 2**29 - 1, Open MPI: 2**31 - 1) a communicator has SLOTS = 4096
+slots and 65536 signatures: odds of 1 in 32767. The smallest bound the MPI
+standard allows, 32767, leaves 12976 tags: the slots are halved until there are
+MIN_SIGS signatures (512 slots, 25 signatures: odds of 1 in 11, and 13 for the
+persistent ones). The bound is an attribute of the world communicator, valid for
+every communicator of the job; Open MPI gives it on COMM_WORLD and its duplicates
+only (not on COMM_SELF, nor on a Split one), so it is read there.
 
 The state lives where the communicator does: as an attribute of the MPI
 communicator (two wrappers of one communicator share it; a duplicate is a new
@@ -42,21 +49,27 @@ from .. import flight
 from .engine.staging import ScratchPool
 
 TAG_BASE = 0x4D50  # 19792: mpidp's tags are TAG_BASE and up; below it, the user's
-SLOTS = 4096  # collectives in flight at once on one communicator
+SLOTS = 4096  # collectives in flight at once on one communicator, where the tag bound allows
 MAX_SIGS = 1 << 16
+MIN_SIGS = 16  # under a narrow tag bound, fewer slots rather than fewer signatures than this
+STANDARD_TAG_UB = 32767  # the smallest tag bound the MPI standard allows
 
 
 class CommState:
     """One communicator's tag sequence, scratch pool, cost model and remembered choices."""
 
-    def __init__(self, tag_ub: int = 32767):
+    def __init__(self, tag_ub: int = STANDARD_TAG_UB):
         self.pool = ScratchPool()  # scratch of this communicator's collectives
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
         self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (placement.placement)
         self.setups: dict = {}  # call signature -> what it determines (`plan.Call.setup`)
         self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
-        self.sigs = min(MAX_SIGS, (tag_ub - TAG_BASE + 1) // SLOTS)
+        room = tag_ub - TAG_BASE + 1  # tags from TAG_BASE to tag_ub
+        self.slots = SLOTS
+        while room // self.slots < MIN_SIGS and self.slots > 1:
+            self.slots //= 2
+        self.sigs = min(MAX_SIGS, room // self.slots)
         if self.sigs < 2:
             raise RuntimeError(f"the MPI tag bound {tag_ub} leaves no room for mpidp's tags")
         # signatures 1 .. half-1 for collectives started once, half .. sigs-1 for persistent
@@ -75,17 +88,17 @@ class CommState:
     def take(self) -> int:
         """The next slot of the sequence, marked in flight until `release`.
 
-        Raises RuntimeError if the collective that had this slot SLOTS numbers ago
+        Raises RuntimeError if the collective that had this slot `slots` numbers ago
         is still in flight here: its messages and the new one's would cross.
         """
         with self._lock:
-            slot = self.started % SLOTS
+            slot = self.started % self.slots
             self.started += 1
             if slot in self._busy:
                 raise RuntimeError(
-                    f"{SLOTS} collectives are in flight on this communicator: the tag of "
-                    f"collective {self.started - 1} is still used by collective "
-                    f"{self.started - 1 - SLOTS}; complete (wait on) earlier ones first")
+                    f"{self.slots} collectives are in flight on this communicator: the tag "
+                    f"of collective {self.started - 1} is still used by collective "
+                    f"{self.started - 1 - self.slots}; complete (wait on) earlier ones first")
             self._busy.add(slot)
         return slot
 
@@ -99,7 +112,7 @@ class CommState:
             if self.half == self.sigs:
                 raise RuntimeError("the MPI tag bound leaves no room for persistent collectives")
             if slot in self._held:
-                raise RuntimeError(f"a persistent collective created {SLOTS} collectives ago "
+                raise RuntimeError(f"a persistent collective created {self.slots} collectives ago "
                                    "still holds this tag; free (Free()) earlier ones first")
             self._busy.discard(slot)
             self._held.add(slot)
@@ -147,7 +160,7 @@ class CommState:
             index = self.half + sig % (self.sigs - self.half)
         else:
             index = 1 + sig % (self.half - 1) if sig else 0
-        return TAG_BASE + index * SLOTS + slot
+        return TAG_BASE + index * self.slots + slot
 
     def inherit(self, parent: CommState) -> None:
         """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
@@ -213,7 +226,9 @@ def state(comm) -> CommState:
     found = _find(comm)
     key = id(comm)
     try:
-        _by_object[key] = (weakref.ref(comm, lambda _, key=key: _by_object.pop(key, None)), found)
+        # (the table bound now: at exit the module's globals may be gone before the comm)
+        _by_object[key] = (weakref.ref(comm, lambda _, key=key, table=_by_object:
+                                       table.pop(key, None)), found)
     except TypeError:  # an object without weak references: look it up every time
         pass
     return found
@@ -243,8 +258,13 @@ def _find(comm) -> CommState:
 
 
 def _tag_ub(comm) -> int:
-    try:
-        ub = comm.Get_attr(MPI.TAG_UB)
-    except Exception:  # noqa: BLE001 - a comm-like object without attributes
-        ub = None
-    return 32767 if ub is None else int(ub)
+    """`comm`'s tag bound: its own attribute, else the world's (MPI defines it there, for
+    every communicator of the job), else the standard's minimum (a comm-like object)."""
+    for where in (comm, MPI.COMM_WORLD) if isinstance(comm, MPI.Comm) else (comm,):
+        try:
+            ub = where.Get_attr(MPI.TAG_UB)
+        except Exception:  # noqa: BLE001 - a comm-like object without attributes
+            ub = None
+        if ub is not None:
+            return int(ub)
+    return STANDARD_TAG_UB

@@ -29,3 +29,43 @@ class NoCollectives:
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
         self.tags += [sendtag, recvtag]
         return self.comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+
+
+class NarrowTags:
+    """A communicator that reports the smallest tag bound MPI allows (32767) and records
+    every tag it carries; it wraps `comm` without exposing it, so mpidp takes it as a
+    comm-like object of its own (its own tag sequence, its own bound)."""
+
+    TAG_UB = 32767
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.tags = []
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def Get_attr(self, keyval):  # noqa: N802
+        from mpi4py import MPI
+
+        return self.TAG_UB if keyval == MPI.TAG_UB else self._comm.Get_attr(keyval)
+
+    def Isend(self, buf, dest, tag=0):  # noqa: N802
+        self.tags.append(tag)
+        return self._comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.tags.append(tag)
+        return self._comm.Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        self.tags += [sendtag, recvtag]
+        return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+
+    def Send_init(self, buf, dest, tag=0):  # noqa: N802
+        self.tags.append(tag)
+        return self._comm.Send_init(buf, dest, tag)
+
+    def Recv_init(self, buf, source, tag):  # noqa: N802
+        self.tags.append(tag)
+        return self._comm.Recv_init(buf, source, tag)

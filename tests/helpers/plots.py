@@ -1,5 +1,5 @@
 """Checks that a matplotlib figure is readable: a key on every panel, one colour per series,
-and no key drawn over the data.
+colours that look different (CIELAB distance), and no key drawn over the data.
 
 `drawn(monkeypatch)` catches the figures a plotting function saves, without changing it.
 """
@@ -15,6 +15,35 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
+
+MIN_DELTA_E = 20.0  # CIE76 distance below which two keyed colours read as one (about 2.3: just
+# noticeable side by side; thin lines in a key need far more)
+
+
+def lab(hex_colour: str) -> tuple[float, float, float]:
+    """sRGB -> CIELAB (D65): a space where distance is roughly how different colours look."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = (((v + 0.055) / 1.055) ** 2.4 if v > 0.04045 else v / 12.92
+               for v in to_rgb(hex_colour))
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t):
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def alike(keyed: dict[str, str]) -> list[tuple[str, str, float]]:
+    """The pairs of keyed series whose colours are closer than MIN_DELTA_E."""
+    import itertools
+    import math
+
+    return [(a, b, round(math.dist(lab(ca), lab(cb)), 1))
+            for (a, ca), (b, cb) in itertools.combinations(keyed.items(), 2)
+            if ca != cb and math.dist(lab(ca), lab(cb)) < MIN_DELTA_E]
 
 
 def drawn(monkeypatch) -> list[Figure]:
@@ -85,6 +114,8 @@ def problems(fig, same_colours_across_panels: bool = True) -> list[str]:
                     keyed[text.get_text()] = colour(handle)
         if len(set(keyed.values())) < len(keyed):
             found.append(f"{name}: two series share a colour in the key: {keyed}")
+        for a, b, delta in alike(keyed):
+            found.append(f"{name}: {a} and {b} are hard to tell apart (delta E {delta})")
         for label, colours in series(ax).items():
             if len(colours) > 1:
                 found.append(f"{name}: {label} in several colours {colours}")

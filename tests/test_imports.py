@@ -1,0 +1,75 @@
+"""mpidp's imports as a whole: no circle, and the modules beneath everything stay beneath.
+
+Parsed from the source, as tests/test_collectives_imports.py parses the call path (whose
+finer rules are there; the textbook's are in tests/test_algorithms_imports.py): every
+module-level import of an mpidp module is an arrow. docs/architecture.md states these
+rules; this file is what holds them.
+"""
+
+from __future__ import annotations
+
+from test_collectives_imports import ROOT, imported, module_name
+
+# imported by everything, importing (of mpidp) only each other: docs/architecture.md
+BENEATH = {"mpidp.arrays", "mpidp.config", "mpidp.files", "mpidp.untrusted", "mpidp.flight",
+           "mpidp.farewell", "mpidp.trace", "mpidp.timeline"}
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the mpidp modules it imports at module level (``from pkg import name``: the
+    module pkg.name where there is one, else pkg)."""
+    modules = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    arrows = {}
+    for name, path in modules.items():
+        out = set()
+        for target, inner, _ in imported(path):
+            while target not in modules and "." in target:  # a name, not a module
+                target = target.rsplit(".", 1)[0]
+            if not inner and target in modules and target != name:
+                out.add(target)
+        arrows[name] = out
+    return arrows
+
+
+def circles(arrows: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, found, counter = {}, {}, [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        for w in arrows.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while group[-1:] != [v]:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(arrows):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_circle_of_imports_in_mpidp():
+    arrows = graph()
+    assert len(arrows) > 50 and arrows["mpidp.training.ddp"], "the parse found the package"
+    assert not circles(arrows), circles(arrows)
+
+
+def test_circles_are_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_modules_beneath_everything_import_only_each_other():
+    arrows = graph()
+    assert BENEATH <= arrows.keys()
+    above = {m: sorted(arrows[m] - BENEATH) for m in BENEATH if arrows[m] - BENEATH}
+    assert not above, f"imports from above: {above}"
