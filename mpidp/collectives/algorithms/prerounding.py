@@ -128,8 +128,9 @@ def most_addends(name: str) -> int:
 
 
 def grid(dtype, addends: int) -> Grid:
-    """The grid for `addends` addends of `dtype` (float16, float32 or float64)."""
-    dtype = np.dtype(dtype)
+    """The grid for `addends` addends of `dtype` (float16, float32 or float64, in either
+    byte order: the grid is the native dtype's, the words native floats)."""
+    dtype = np.dtype(dtype).newbyteorder("=")
     if dtype.name not in ("float64", "float32", "float16"):
         raise TypeError(f"exact sum of {dtype}: only float16, float32 and float64 "
                         "(integers take SUM)")
@@ -153,10 +154,14 @@ def grid(dtype, addends: int) -> Grid:
 
 
 def _top16(x):
-    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view."""
-    v = x.view(np.uint16)
+    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view.
+
+    Read in x's own byte order: a big-endian array (``>f8``) on a little-endian machine
+    holds its high bits first, and as 16-bit numbers they are big-endian too."""
+    little = x.dtype.byteorder == "<" or (x.dtype.byteorder in "=|" and LITTLE)
+    v = x.view(np.dtype(np.uint16).newbyteorder("<" if little else ">"))
     per = x.itemsize // 2
-    return v[per - 1 :: per] if LITTLE else v[::per]
+    return v[per - 1 :: per] if little else v[::per]
 
 
 @cache
