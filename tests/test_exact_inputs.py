@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
+from helpers.subcomms import on_each_size
 
 ORDERS = (">f2", ">f4", ">f8", "<f2", "<f4", "<f8")
 
@@ -46,9 +47,10 @@ def exact(parts, i) -> Fraction:
 def assert_sum_is_exact(parts, out, average=False):
     n = len(parts)
     for i in range(out.size):
+        if any(not np.isfinite(p[i]) for p in parts):
+            continue  # the fixed rules: test_exact.py's special values
         want = exact(parts, i) / (n if average and n > 1 else 1)
-        assert float(out[i]) == rounded(want, out.dtype) or (
-            np.isnan(out[i]) and any(np.isnan(p[i]) for p in parts)), (i, out[i], want)
+        assert float(out[i]) == rounded(want, out.dtype), (i, out[i], want)
 
 
 # ------------------------------------------------------------ byte orders (item 1)
@@ -79,3 +81,65 @@ def test_exact_allreduce_on_big_endian_equals_native(order):
     assert y.tobytes() == z.astype(y.dtype).tobytes()
     mpidp.allreduce(MPI.COMM_SELF, x, y, op=mpidp.EXACT_SUM)
     assert y.tobytes() == x.tobytes()
+
+
+# ------------------------------------------------------------ `addends` (item 2)
+
+
+@pytest.mark.parametrize("bad", [2.9, "3", True, None, np.float64(3.0)])
+def test_addends_must_be_a_whole_number(bad):
+    x = np.ones(4)
+    with pytest.raises(TypeError, match="addends must be a whole number"):
+        mpidp.allreduce_parts(MPI.COMM_SELF, [x, x, x], np.empty(4), addends=bad)
+    with pytest.raises(TypeError, match="addends must be a whole number"):
+        mpidp.iallreduce_parts(MPI.COMM_SELF, [x, x, x], np.empty(4), addends=bad)
+
+
+def test_addends_that_a_rank_can_see_are_wrong_are_refused():
+    x = np.ones(4)
+    out = np.empty(4)
+    with pytest.raises(ValueError, match="this rank holds 3 parts, more than addends=2"):
+        mpidp.allreduce_parts(MPI.COMM_SELF, [x, x, x], out, addends=2)
+    with pytest.raises(ValueError, match="addends=-1"):
+        mpidp.allreduce_parts(MPI.COMM_SELF, [], out, addends=-1)
+    # one rank holds every addend: the total is known
+    with pytest.raises(ValueError, match="one rank holds all 2 parts, but addends=5"):
+        mpidp.allreduce_parts(MPI.COMM_SELF, [x, x], out, addends=5)
+    with pytest.raises(ValueError, match="this rank holds 3 parts, more than addends=2"):
+        mpidp.ireduce_scatter_parts(MPI.COMM_SELF, [x, x, x], out, [4], addends=2)
+    with pytest.raises(TypeError, match=r"counts\[0\] must be a whole number"):
+        mpidp.ireduce_scatter_parts(MPI.COMM_SELF, [x], out, [4.0], addends=1)
+    mpidp.allreduce_parts(MPI.COMM_SELF, [x, x], out, addends=np.int64(2))
+    assert out.tolist() == [2.0] * 4
+
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_mpi_addends_and_byte_orders(mpi_ranks):
+    on_each_size((2, 3), addends_and_byte_orders)
+
+
+def addends_and_byte_orders(comm):
+    """Under MPIDP_DEBUG (on in the suite) every rank refuses parts that do not add up to
+    `addends`, naming each rank's count; big-endian addends give the native bits."""
+    from mpidp.collectives import checks
+
+    assert checks.debug_enabled(None)
+    N, r = comm.Get_size(), comm.Get_rank()
+    x = np.full(5, 0.1 * (r + 1))
+    out = np.empty(5)
+    for addends, mine in ((N, 2), (N + 1, 1)):  # one too many, one too few in all
+        with pytest.raises(ValueError, match=rf"the ranks hold {mine * N} parts in all "
+                                             rf"\(rank 0: {mine}, rank 1: {mine}.*addends={addends}"):
+            mpidp.allreduce_parts(comm, [x] * mine, out, addends=addends)
+    mpidp.allreduce_parts(comm, [x] * 2, out, addends=2 * N)  # agreed: still fine
+    for order in (">f2", ">f4", ">f8"):
+        y = (np.array([1.0, -2.5e-3, 3e3, np.nan, 0.1, 1e-6]) * (r + 1)).astype(order)
+        z = np.empty_like(y)
+        mpidp.allreduce(comm, y, z, op=mpidp.EXACT_SUM)
+        native = y.astype(y.dtype.newbyteorder("="))
+        want = np.empty_like(native)
+        mpidp.allreduce(comm, native, want, op=mpidp.EXACT_SUM)
+        assert z.astype(want.dtype).tobytes() == want.tobytes(), order
+        everyone = [(np.array([1.0, -2.5e-3, 3e3, np.nan, 0.1, 1e-6]) * (q + 1)).astype(order)
+                    for q in range(N)]
+        assert_sum_is_exact(everyone, z)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..arrays import array_module, flat
+from ..untrusted import index
 from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
@@ -173,7 +174,7 @@ def _check_parts(parts, out) -> list:
 
 
 def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: int,
-               blocks: Blocks | None = None) -> Plan:
+               blocks: Blocks | None = None, held: int | None = None) -> Plan:
     """The plan of an exact all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
 
     Args:
@@ -181,6 +182,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         out: the result: the vector (all-reduce) or this rank's block (reduce-scatter).
         algorithm: for the SUM pass, and the MAX pass (a reduce-scatter's: `CODE_FOR`).
         addends: over all ranks, the same on every rank.
+        held: (the sums of parts) the parts this rank holds: with MPIDP_DEBUG the ranks
+            check that they add up to `addends`.
     """
     comm = call.comm
     rs = blocks is not None
@@ -207,6 +210,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         check_algorithm(collective, algorithm)
         call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
                    op=op.name, algorithm=algorithm, addends=addends)
+        if held is not None:
+            call.agree_total(collective, held, addends)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
@@ -219,20 +224,35 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
 
 
+def _addends(call: Call, parts: list, addends) -> int:
+    """`addends` as the whole number it is, refused where this rank can see it is wrong:
+    fewer than the parts it holds, or (one rank) other than their number."""
+    n = index(addends, "addends")
+    if n < 0:
+        raise ValueError(f"addends={n}: the number of addends over all ranks, not negative")
+    if len(parts) > n:
+        raise ValueError(f"this rank holds {len(parts)} parts, more than addends={n} "
+                         "(the number of addends over all ranks)")
+    if call.comm.Get_size() == 1 and len(parts) != n:
+        raise ValueError(f"one rank holds all {len(parts)} parts, but addends={n}")
+    return n
+
+
 def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
                average: bool = False) -> Plan:
     """Check and set up the exact sum of every rank's `parts` into `out`."""
     parts = _check_parts(parts, out)
     if out.dtype.kind not in "f":
         raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    n = _addends(call, parts, addends)
     return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      int(addends))
+                      n, held=len(parts))
 
 
 def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
                   average: bool = False) -> Plan:
     """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
-    blocks = Blocks(counts)
+    blocks = Blocks([index(c, f"counts[{i}]") for i, c in enumerate(counts)])
     if len(blocks.counts) != call.comm.Get_size():
         raise ValueError(f"need one count per rank ({call.comm.Get_size()}), got "
                          f"{len(blocks.counts)}")
@@ -244,5 +264,6 @@ def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str =
     parts = _check_parts(parts, whole)
     if out.dtype.kind not in "f":
         raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    n = _addends(call, parts, addends)
     return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      int(addends), blocks)
+                      n, blocks, held=len(parts))

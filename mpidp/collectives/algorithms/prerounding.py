@@ -129,8 +129,10 @@ def most_addends(name: str) -> int:
 
 def grid(dtype, addends: int) -> Grid:
     """The grid for `addends` addends of `dtype` (float16, float32 or float64, in either
-    byte order: the grid is the native dtype's, the words native floats)."""
-    dtype = np.dtype(dtype).newbyteorder("=")
+    byte order: the grid is the native dtype's, its float64 words native; n <= 2 adds the
+    addends themselves, in their own byte order)."""
+    given = np.dtype(dtype)
+    dtype = given.newbyteorder("=")
     if dtype.name not in ("float64", "float32", "float16"):
         raise TypeError(f"exact sum of {dtype}: only float16, float32 and float64 "
                         "(integers take SUM)")
@@ -142,7 +144,7 @@ def grid(dtype, addends: int) -> Grid:
     if n < 0:
         raise ValueError(f"exact sum of {n} addends")
     if n <= 2:
-        return Grid(dtype, code, dtype, 1, 0, 0, top, bias, n)
+        return Grid(dtype, code, given, 1, 0, 0, top, bias, n)
     B1, B2 = _bits(dtype, k)
     if n > most_addends(dtype.name):
         raise ValueError(f"exact sum of {n} addends of {dtype}: the error bound holds for "
