@@ -10,10 +10,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
-from helpers.subcomms import on_each_size
 
 ORDERS = (">f2", ">f4", ">f8", "<f2", "<f4", "<f8")
 
@@ -128,8 +128,8 @@ def addends_and_byte_orders(comm):
     x = np.full(5, 0.1 * (r + 1))
     out = np.empty(5)
     for addends, mine in ((N, 2), (N + 1, 1)):  # one too many, one too few in all
-        with pytest.raises(ValueError, match=rf"the ranks hold {mine * N} parts in all "
-                                             rf"\(rank 0: {mine}, rank 1: {mine}.*addends={addends}"):
+        named = rf"the ranks hold {mine * N} parts in all \(rank 0: {mine}, rank 1: {mine}"
+        with pytest.raises(ValueError, match=rf"{named}.*addends={addends}"):
             mpidp.allreduce_parts(comm, [x] * mine, out, addends=addends)
     mpidp.allreduce_parts(comm, [x] * 2, out, addends=2 * N)  # agreed: still fine
     for order in (">f2", ">f4", ">f8"):
