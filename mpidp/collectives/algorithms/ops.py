@@ -99,9 +99,9 @@ AVG = Op("avg", "add", "fc", divide=True)  # integer averages would truncate: fl
 LAND = Op("land", "logical_and", _LOGICAL)
 LOR = Op("lor", "logical_or", _LOGICAL)
 LXOR = Op("lxor", "logical_xor", _LOGICAL)
-BAND = Op("band", "bitwise_and", _LOGICAL)
-BOR = Op("bor", "bitwise_or", _LOGICAL)
-BXOR = Op("bxor", "bitwise_xor", _LOGICAL)
+BAND = Op("band", "bitwise_and", _INTEGER)  # MPI: integers and bytes, not logicals (bool)
+BOR = Op("bor", "bitwise_or", _INTEGER)
+BXOR = Op("bxor", "bitwise_xor", _INTEGER)
 
 OPS = {op.name: op for op in (SUM, PROD, MAX, MIN, AVG, LAND, LOR, LXOR, BAND, BOR, BXOR)}
 
