@@ -179,6 +179,7 @@ class Call:
 
     def end(self) -> None:
         if self.slot is not None:
+            self.state.requests.pop(self.slot, None)
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
         if self.entry is not None and self.entry[ERROR] is None:  # not failed nor timed out
@@ -236,6 +237,8 @@ class Plan:
         finally:
             if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
                 call.started()
+        if call.slot is not None and not request.done:  # mpidp.Comm.Free completes it
+            call.state.requests[call.slot] = request
         if entry is not None:
             entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
         return request
