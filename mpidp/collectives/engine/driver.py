@@ -197,7 +197,7 @@ class Request(Polled):
         self._round = round_
         try:
             self._reqs = post(self._comm, round_, self._tag, fill)
-        except MPI.Exception as exc:
+        except MPI.Exception:
             if isinstance(self._comm, MPI.Comm) and self._comm == MPI.COMM_NULL:
                 exc = FreedError()  # comm.Free() while in flight: say so, not "Null communicator"
             self._failed(exc)
