@@ -198,8 +198,9 @@ class Request(Polled):
         try:
             self._reqs = post(self._comm, round_, self._tag, fill)
         except MPI.Exception:
-            if isinstance(self._comm, MPI.Comm) and self._comm == MPI.COMM_NULL:
-                exc = FreedError()  # comm.Free() while in flight: say so, not "Null communicator"
+            if not (isinstance(self._comm, MPI.Comm) and self._comm == MPI.COMM_NULL):
+                raise
+            exc = FreedError()  # comm.Free() while in flight: say so, not "Null communicator"
             self._failed(exc)
             raise exc from None
 
