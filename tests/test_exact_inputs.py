@@ -132,6 +132,11 @@ def addends_and_byte_orders(comm):
         with pytest.raises(ValueError, match=rf"{named}.*addends={addends}"):
             mpidp.allreduce_parts(comm, [x] * mine, out, addends=addends)
     mpidp.allreduce_parts(comm, [x] * 2, out, addends=2 * N)  # agreed: still fine
+    for dtype in ("float16", ">f2", "float32", "float64"):  # the mean where the sum overflows
+        big = np.full(7, np.finfo(dtype).max * 0.9, dtype)
+        mean = np.empty_like(big)
+        mpidp.allreduce(comm, big, mean, op=mpidp.EXACT_AVG)
+        assert mean.tolist() == big.tolist(), dtype
     for order in (">f2", ">f4", ">f8"):
         y = (np.array([1.0, -2.5e-3, 3e3, np.nan, 0.1, 1e-6]) * (r + 1)).astype(order)
         z = np.empty_like(y)
@@ -143,3 +148,54 @@ def addends_and_byte_orders(comm):
         everyone = [(np.array([1.0, -2.5e-3, 3e3, np.nan, 0.1, 1e-6]) * (q + 1)).astype(order)
                     for q in range(N)]
         assert_sum_is_exact(everyone, z)
+
+
+# ------------------------------------------------------------ averages (item 3)
+
+
+@pytest.mark.parametrize("dtype, value", [("float16", 60000.0), ("float32", 3e38),
+                                          ("float64", 1.5e308), ("float64", 1e308),
+                                          (">f2", 60000.0)])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_exact_average_is_representable_where_the_sum_overflows(dtype, value, n):
+    """The mean of n equal values is that value, though their sum is beyond the range."""
+    x = np.full(3, value, dtype)
+    out = np.empty_like(x)
+    mpidp.sum_parts([x] * n, out, average=True)
+    assert out.tolist() == x.tolist()
+    mpidp.sum_parts([x] * n, out)
+    assert np.isinf(out).all()  # the sum itself does overflow
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_exact_average_is_the_exact_sum_divided_rounded_once(dtype, n):
+    """Against the Fraction oracle: V/n rounded once (addends on one grid, so V = S), also
+    where dividing the rounded sum would round twice."""
+    rng = np.random.default_rng([n, np.dtype(dtype).itemsize])
+    info = np.finfo(dtype)
+    for trial in range(20):
+        scale = float(info.max) / 4 if trial % 4 == 0 else 1.0
+        parts = [(rng.integers(-2 ** (info.nmant + 1), 2 ** (info.nmant + 1), 257)
+                  * (scale * 2.0 ** -(info.nmant + 1))).astype(dtype) for _ in range(n)]
+        out = np.empty(257, dtype)
+        mpidp.sum_parts(parts, out, average=True)
+        assert_sum_is_exact(parts, out, average=True)
+
+
+def test_nearest_rounds_a_fraction_once():
+    """The exact fallback of the mean: a float64 midpoint of float32 is moved to the side of
+    the exact value (rounding through float64 would round twice), and the range's end."""
+    from mpidp.collectives.algorithms.averaging import nearest
+
+    m = Fraction(1) + Fraction(1, 2 ** 24)  # halfway between 1 and 1 + 2^-23 (float32)
+    tiny = Fraction(1, 2 ** 80)
+    assert nearest(m + tiny, np.float32) == 1 + 2 ** -23
+    assert nearest(m - tiny, np.float32) == 1.0
+    assert nearest(m, np.float32) == 1.0  # a true tie: to even
+    assert np.float32(float(m + tiny)) == 1.0  # what rounding twice gives
+    top = Fraction(float(np.finfo(np.float16).max)) + Fraction(2 ** 4)  # 65504 + ulp/2
+    assert nearest(top - tiny, np.float16) == 65504.0
+    assert nearest(top, np.float16) == float("inf")
+    assert nearest(Fraction(10) ** 400, np.float64) == float("inf")
+    assert nearest(-Fraction(1, 3), np.float64) == -1 / 3
