@@ -137,6 +137,16 @@ def addends_and_byte_orders(comm):
         mean = np.empty_like(big)
         mpidp.allreduce(comm, big, mean, op=mpidp.EXACT_AVG)
         assert mean.tolist() == big.tolist(), dtype
+    # plain AVG on float16 sums in float32, then divides and rounds once: MPI's own float32
+    # SUM of the same values is the oracle (their sum is exact in float32)
+    h = (np.array([60000.0, 1e-3, -65504.0, 0.5, 2.0 ** -24]) * (1 + r % 2)).astype("float16")
+    h = np.minimum(h, np.float16(65504))
+    wide = np.empty(h.size, np.float32)
+    comm.Allreduce(h.astype(np.float32), wide)
+    for algorithm in mpidp.ALGORITHMS["allreduce"]:
+        got = np.empty_like(h)
+        mpidp.allreduce(comm, h, got, op=mpidp.AVG, algorithm=algorithm)
+        assert got.tobytes() == (wide / np.float32(N)).astype(np.float16).tobytes(), algorithm
     for order in (">f2", ">f4", ">f8"):
         y = (np.array([1.0, -2.5e-3, 3e3, np.nan, 0.1, 1e-6]) * (r + 1)).astype(order)
         z = np.empty_like(y)
