@@ -209,3 +209,73 @@ def test_nearest_rounds_a_fraction_once():
     assert nearest(top, np.float16) == float("inf")
     assert nearest(Fraction(10) ** 400, np.float64) == float("inf")
     assert nearest(-Fraction(1, 3), np.float64) == -1 / 3
+
+
+# ------------------------------------------------------------ property tests (item 12)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SPECIAL = (0.0, -0.0, np.inf, -np.inf, np.nan)
+
+
+def fixed_rules(column):
+    """The result the fixed rules give an item with a special addend, or None."""
+    if any(np.isnan(v) for v in column) or (np.inf in column and -np.inf in column):
+        return np.nan
+    if np.inf in column or -np.inf in column:
+        return np.inf if np.inf in column else -np.inf
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_property_exact_sum_and_mean_are_the_oracle_rounded_once(data):
+    """Random dtype (both byte orders), 1-7 addends of 0-4 items, values on a common grid
+    of 20 + p bits (so that the pre-rounded sum V is the exact sum S), signed zeros, inf
+    and nan: EXACT_SUM is S rounded once, EXACT_AVG S/n rounded once, the fixed rules."""
+    order = data.draw(st.sampled_from(ORDERS))
+    dt = np.dtype(order)
+    info = np.finfo(dt)
+    p = info.nmant + 1
+    n, size = data.draw(st.integers(1, 7)), data.draw(st.integers(0, 4))
+    low = data.draw(st.integers(int(info.minexp) - p, int(info.maxexp) - p - 20))
+    value = st.one_of(st.builds(lambda m, j: m * 2.0 ** (low + j),
+                                st.integers(-(2 ** p - 1), 2 ** p - 1), st.integers(0, 20)),
+                      st.sampled_from(SPECIAL))
+    parts = [np.array([data.draw(value) for _ in range(size)], dtype=np.float64).astype(order)
+             for _ in range(n)]
+    for average in (False, True):
+        out = np.full(size, 7, order)
+        mpidp.sum_parts(parts, out, average=average)
+        for i in range(size):
+            column = [float(x[i]) for x in parts]
+            special = fixed_rules(column)
+            got = float(out[i])
+            if special is not None:
+                assert got == special or (np.isnan(special) and np.isnan(got)), (column, got)
+                continue
+            want = exact(parts, i) / (n if average and n > 1 else 1)
+            assert got == rounded(want, dt), (order, column, average, got)
+            if got == 0:  # +0.0 unless every addend is -0.0 (or the mean rounds to -0)
+                negative = want < 0 or all(np.signbit(v) and v == 0 for v in column)
+                assert bool(np.signbit(out[i])) == negative, (column, average)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.integers(-3, 9), st.floats(allow_nan=True), st.booleans(), st.text(max_size=3),
+                 st.none()), st.integers(0, 4))
+def test_property_addends_is_a_whole_number_matching_the_parts(addends, held):
+    """On one rank `addends` must be the number of parts, as an integer: anything else is a
+    TypeError or ValueError before any message, and the right one gives sum_parts' bits."""
+    x = [np.full(3, 0.1 * (i + 1)) for i in range(held)]
+    out = np.full(3, 7.0)
+    if type(addends) is int and addends == held:
+        mpidp.allreduce_parts(MPI.COMM_SELF, x, out, addends=addends)
+        want = np.empty(3)
+        mpidp.sum_parts(x, want)
+        assert out.tobytes() == want.tobytes()
+    else:
+        with pytest.raises((TypeError, ValueError)):
+            mpidp.allreduce_parts(MPI.COMM_SELF, x, out, addends=addends)
+        assert (out == 7.0).all()  # refused before anything was written
