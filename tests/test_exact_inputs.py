@@ -279,3 +279,23 @@ def test_property_addends_is_a_whole_number_matching_the_parts(addends, held):
         with pytest.raises((TypeError, ValueError)):
             mpidp.allreduce_parts(MPI.COMM_SELF, x, out, addends=addends)
         assert (out == 7.0).all()  # refused before anything was written
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_sim_exact_average_equals_one_rank(dtype):
+    """N = 1..6 simulated ranks, every all-reduce algorithm: EXACT_AVG's bits are one
+    rank's (`sum_parts(average=True)`), near the range's end too."""
+    from mpidp.collectives.algorithms import REGISTRY
+    from mpidp.sim.exact import simulate_exact
+
+    rng = np.random.default_rng(3)
+    top = float(np.finfo(dtype).max)
+    for N in range(1, 7):
+        parts = [(rng.uniform(0.5, 1.0, 9) * top * rng.choice([-1, 1], 9)).astype(dtype)
+                 for _ in range(N)]
+        want = np.empty(9, dtype)
+        mpidp.sum_parts(parts, want, average=True)
+        assert np.isfinite(want).all()
+        for algorithm in REGISTRY["allreduce"]:
+            results, _ = simulate_exact(algorithm, [[p] for p in parts], N, average=True)
+            assert all(r.tobytes() == want.tobytes() for r in results), (N, algorithm)
