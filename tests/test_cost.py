@@ -1,5 +1,6 @@
 """The α-β-γ model: its formulas, its calibration, and the "auto" choice it drives."""
 
+import math
 import os
 
 import numpy as np
@@ -171,3 +172,14 @@ def test_calibration_auto_and_the_remembered_answers_on_real_ranks(mpi_ranks):
     on_each_size((3, 4), check_auto_follows_a_pinned_model_and_is_correct)
     on_each_size((2,), check_environment_variable_skips_calibration)
     on_each_size((2,), check_auto_answers_are_remembered_per_comm_and_follow_set_model)
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, -math.inf])
+def test_set_model_refuses_what_mpidp_cost_refuses(bad):
+    """A model of infinite, NaN or negative seconds would make every choice the same (or
+    none): refused as MPIDP_COST refuses it, naming the field."""
+    for field in range(5):
+        numbers = [1e-6, 1e-9, 1e-9, 0.0, 0.0]
+        numbers[field] = bad
+        with pytest.raises(ValueError, match=f"{cost.Model._fields[field]}="):
+            cost.set_model(MPI.COMM_SELF, *numbers)

@@ -213,6 +213,46 @@ def check_wait_round_completes_a_collective_from_another_thread(comm):
     persistent.Free()
 
 
+def check_freeing_the_comm_with_a_collective_in_flight(world):
+    """MPI_Comm_free lets pending operations complete. mpidp.Comm's Free does that for its
+    collectives in flight (Wait afterwards returns MPI's result); a raw mpi4py comm's Free
+    cannot be intercepted, so the request's next round raises one clear MPI.Exception
+    (ERR_COMM) saying so, instead of MPI's "Invalid communicator", and fails cleanly."""
+    n, rank = world.Get_size(), world.Get_rank()
+    x = np.arange(10_000, dtype=np.float64) * (rank + 1)
+    want = np.empty_like(x)
+    world.Allreduce(x, want)
+    for algorithm in ("ring", "recursive_doubling"):
+        dup = world.Dup()
+        c = mpidp.Comm(dup, algorithm=algorithm)
+        y = np.empty_like(x)
+        request = c.Iallreduce(x, y)
+        c.Free()
+        assert dup == MPI.COMM_NULL
+        request.Wait()
+        np.testing.assert_array_equal(y, want)
+
+        if algorithm != "ring":  # the ring's first round needs no peer's later one
+            continue
+        dup = world.Dup()
+        request = mpidp.iallreduce(dup, x, np.empty_like(x), algorithm=algorithm)
+        if request.done:  # one rank: nothing was ever in flight
+            dup.Free()
+            assert n == 1 and request.Wait()
+            continue
+        # every rank's first round complete, the next not posted: so that no rank is left
+        # waiting for a peer's round that cannot be posted any more (white box: its requests)
+        MPI.Request.Waitall(request._reqs)
+        dup.Free()
+        with pytest.raises(MPI.Exception, match=r"freed \(comm.Free\(\)\) while this mpidp "
+                                                "collective was in flight") as raised:
+            request.Wait()
+        assert raised.value.Get_error_class() == MPI.ERR_COMM
+        with pytest.raises(RuntimeError, match="failed earlier"):  # it never completes
+            request.Wait()
+    world.Barrier()
+
+
 # Every multi-rank check in one launch (a launch of ranks costs seconds of start-up).
 
 @pytest.mark.mpi(ranks=[3], timeout=120)
@@ -225,3 +265,4 @@ def test_requests_complete_alongside_mpi4pys_cancel_free_and_wait_round(mpi_rank
     with debug_check_off():  # its exchange would make the start wait for the other ranks
         on_each_size((1, 2), check_cancel_is_refused_and_free_only_once_complete)
     on_each_size((1, 2, 3), check_wait_round_completes_a_collective_from_another_thread)
+    on_each_size((1, 3), check_freeing_the_comm_with_a_collective_in_flight)

@@ -177,3 +177,27 @@ def test_init_bad_shapes_and_generate():
         a.forward(np.zeros((1, 6), dtype=np.int64))
     out = a.generate(np.array([[1, 2]]), 6, np.random.default_rng(0))  # past the context
     assert out.shape == (1, 8) and out[0, :2].tolist() == [1, 2] and out.max() < 7
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_key_bias_gradient_is_exactly_zero(dtype):
+    """The key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
+    is 0, and written as exactly 0 (not rounding noise), in every block; so Adam leaves
+    the key bias at exactly 0 (noise would be scaled up to steps of about lr)."""
+    from mpidp.training import Adam
+
+    model = GPT(vocab=11, context=6, n_layer=2, n_head=2, width=8, dtype=dtype, seed=3)
+    opt = Adam(model.params, model.grads, lr=1e-2, eps=1e-30)
+    rng = np.random.default_rng(0)
+    C = model.width
+    for _ in range(3):
+        x = rng.integers(0, 11, (4, 6))
+        _, dlogits = model.loss(x, np.roll(x, -1, axis=1))
+        model.backward(dlogits)
+        for blk in (1, 2):
+            g = model.grads[f"h{blk}.attn_b"]
+            assert not g[C:2 * C].any(), (blk, g[C:2 * C])  # exactly 0.0
+            assert g[:C].any() and g[2 * C:].any()  # the query and value biases do learn
+        opt.step()
+    for blk in (1, 2):
+        assert not model.params[f"h{blk}.attn_b"][C:2 * C].any()

@@ -163,3 +163,53 @@ def test_the_gpt_bench_runs_and_reports_into_the_page(tmp_path):
     text = doc.read_text()
     assert "old" not in text and "| 1 rank(s), one host | overlap |" in text
     assert text.startswith("head\n") and text.endswith("tail\n") and "| 2 | " in text
+
+
+# ---------------------------------------------------------------- float32 under Adam
+
+ADAM32 = {"lr": 3e-3, "betas": (0.9, 0.99), "eps": 1e-30}  # eps below any rounding noise
+
+
+def float32_adam(comm=None) -> dict:
+    """Two epochs of the GPT in float32 under Adam, on `comm` (None: one process)."""
+    from mpidp.training import Adam
+
+    x, y = corpus()
+    rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
+    model = GPT(**CONFIG, dtype="float32", seed=rank)
+    opt = Adam(model.params, model.grads, **ADAM32)
+    sampler = ShardSampler(N_SEQ, GLOBAL_BATCH, rank, size, seed=7)
+    if comm is None:
+        for epoch in range(EPOCHS):
+            for idx in sampler.global_batches(epoch):
+                _, dlogits = model.loss(x[idx], y[idx])
+                model.backward(dlogits)
+                opt.step()
+        return model.params
+    with DataParallel(model, comm, optimizer=opt) as ddp:
+        for epoch in range(EPOCHS):
+            for (idx,) in sampler.epoch(epoch):
+                _, dlogits = token_cross_entropy(ddp.forward(x[idx]), y[idx])
+                ddp.backward(dlogits)
+                ddp.step()
+        return {k: p.copy() for k, p in model.params.items()}
+
+
+@pytest.mark.mpi(ranks=[2], timeout=240)
+def test_float32_adam_on_n_ranks_equals_one_rank_and_keeps_the_key_bias_at_zero(mpi_ranks):
+    """Adam divides by the root of the squared gradients: a gradient of rounding noise (the
+    key bias, if it were not written as exactly 0) becomes steps of about lr, different on
+    N ranks and on one. Here the key bias stays exactly 0 and N = 2 equals one rank within
+    float32's rounding."""
+    expected = float32_adam()
+    C = CONFIG["width"]
+
+    def check(comm):
+        params = float32_adam(comm)
+        for name in expected:
+            np.testing.assert_allclose(params[name], expected[name], rtol=2e-3, atol=2e-5,
+                                       err_msg=f"N={comm.Get_size()} {name}")
+        for blk in range(1, CONFIG["n_layer"] + 1):
+            assert not params[f"h{blk}.attn_b"][C:2 * C].any()
+
+    on_each_size((2,), check)

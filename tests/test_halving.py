@@ -184,8 +184,66 @@ def check_unknown_algorithm_is_refused(comm):
         api.allreduce(comm, x, np.empty_like(x), algorithm="butterfly")
 
 
+def nan_with_payload(rank: int, count: int = 1, dtype="float64") -> np.ndarray:
+    """`count` quiet NaNs whose payload is rank-specific (rank + 1, so none is 0)."""
+    dt = np.dtype(dtype)
+    bits = np.dtype(f"u{dt.itemsize}")
+    x = np.full(count, np.nan, dt)
+    x.view(bits)[...] |= bits.type(rank + 1)
+    return x
+
+
+def check_nan_payloads_agree(comm):
+    """SUM of one NaN per rank, each with its own payload: every rank the same bits (NumPy
+    keeps the first operand's payload, unless the output is that operand and the vector
+    has one item: then the second's)."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+
+    def agreed(y, *case):
+        rows = np.empty((n, y.nbytes), np.uint8)
+        comm.Allgather(y.view(np.uint8), rows)
+        assert (rows == rows[0]).all(), (*case, rows)
+
+    for algorithm in ALLREDUCE_ALGOS:
+        for in_place in (False, True):
+            for dtype in ("float64", "float32"):
+                x = nan_with_payload(rank, 1, dtype)
+                y = x.copy() if in_place else np.empty_like(x)
+                api.allreduce(comm, api.IN_PLACE if in_place else x, y, algorithm=algorithm)
+                agreed(y, algorithm, in_place, dtype)
+            zero = np.array([-0.0 if rank % 2 else 0.0])  # MAX of -0.0 and 0.0: by the order
+            y = zero.copy()
+            api.allreduce(comm, api.IN_PLACE, y, op="max", algorithm=algorithm)
+            agreed(y, algorithm, "max")
+            y = nan_with_payload(rank)  # a persistent all-reduce's replayed starts
+            req = api.allreduce_init(comm, api.IN_PLACE, y, algorithm=algorithm)
+            for start in range(2):
+                y[...] = nan_with_payload(rank)
+                req.Start()
+                req.Wait()
+                agreed(y, algorithm, "persistent", start)
+            req.Free()
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGOS)
+def test_sim_nan_payloads_agree_on_every_rank(algorithm):
+    """N = 2..8 simulated: one NaN a rank, payloads of their own, in and out of place."""
+    from mpidp.sim import simulate
+
+    for n in range(2, 9):
+        for count in (1, 2, 5):
+            for in_place in (False, True):
+                inputs = [nan_with_payload(r, count) for r in range(n)]
+                out = simulate("allreduce", algorithm, n, count, inputs=inputs,
+                               in_place=in_place)
+                bits = {y.tobytes() for y in out.results}
+                assert len(bits) == 1, (n, count, in_place, [y.view(np.uint64) for y in
+                                                             out.results])
+
+
 def check_halving(comm):
     check_unknown_algorithm_is_refused(comm)
+    check_nan_payloads_agree(comm)
     check_allreduce_matches_mpi_bit_for_bit(comm, HALVING)
     check_allreduce_random_floats_agree_across_ranks(comm, HALVING)
     check_reduce_scatter_matches_mpi(comm)

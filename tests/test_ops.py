@@ -290,6 +290,27 @@ def test_ops_follow_mpi_semantics():
     assert np.array_equal(acc, [1.0, 1.5])
 
 
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_bitwise_ops_refuse_bool_as_mpi_and_mpidp_comm_do(op):
+    """MPI defines BAND, BOR and BXOR on integers and bytes, not on logicals (C_BOOL): the
+    library refuses them (MPI_ERR_OP), mpidp.Comm too, and so does the function API."""
+    x = np.array([True, False, True])
+    with pytest.raises(TypeError, match=f"op '{op}' is not defined on dtype bool"):
+        mpidp.allreduce(MPI.COMM_SELF, x, np.empty_like(x), op=op)
+    with pytest.raises(TypeError, match=f"op '{op}' is not defined on dtype bool"):
+        mpidp.allreduce(MPI.COMM_SELF, x, np.empty_like(x), op=getattr(MPI, op.upper()))
+    with pytest.raises(MPI.Exception) as by_mpi:
+        MPI.COMM_SELF.Allreduce(x, np.empty_like(x), op=getattr(MPI, op.upper()))
+    assert by_mpi.value.Get_error_class() == MPI.ERR_OP
+    with pytest.raises(MPI.Exception, match=f"MPI.{op.upper()} is not defined on"):
+        mpidp.Comm(MPI.COMM_SELF).Allreduce(x, np.empty_like(x), op=getattr(MPI, op.upper()))
+    with pytest.raises(TypeError, match="is not defined on dtype bool"):
+        mpidp.reduce_scatter(MPI.COMM_SELF, x, np.empty_like(x), op=op)
+    y = np.array([True, False, False])  # the logical ops stay defined on bool
+    mpidp.allreduce(MPI.COMM_SELF, x, y, op="lxor")
+    assert y.tolist() == [True, False, True]
+
+
 def test_op_dtype_rules_and_resolution():
     with pytest.raises(TypeError, match="complex"):
         O.MAX.check(np.complex128)

@@ -22,6 +22,8 @@ REFERENCE = re.compile(r"the table of `(python -m mpidp\.sim table [^`]+)`(?: st
 # tables across hosts in the docstrings: (algorithm, collective, ranks per host), N = 4
 PLACED_TABLES = (("hierarchical", "allreduce", 2), ("rabenseifner", "allreduce", 2),
                  ("rabenseifner_article", "allreduce", 2))
+# tables of other sizes in the docstrings: (algorithm, collective, N)
+SIZED_TABLES = (("binomial", "bcast", 3),)  # N = 3: the root's two sends in two steps
 
 
 def run(N, algorithm):
@@ -87,6 +89,14 @@ def drifted(tables) -> list[str]:
         elif tables[cmd][1] != printed:
             problems.append(f"{tables[cmd][0]}: the table under `{cmd}` differs from what "
                             f"the code does; it prints:\n{printed}")
+    for name, collective, N in SIZED_TABLES:
+        cmd = command(name, collective, N)
+        expected.add(cmd)
+        if cmd not in tables:
+            problems.append(f"no N = {N} table for {collective} {name!r} (want: {cmd})")
+        elif tables[cmd][1] != table(name, collective, N):
+            problems.append(f"{tables[cmd][0]}: the table under `{cmd}` differs from what "
+                            f"the code does; it prints:\n{table(name, collective, N)}")
     problems += [f"a table of no registered algorithm: {cmd}" for cmd in set(tables) - expected]
     return problems
 

@@ -43,6 +43,15 @@ def usage_error(capsys, argv) -> str:
     (["table", "no_such_module:allreduce"], "no_such_module"),
     (["table", "mpidp.collectives.algorithms.ring:no_such_function"], "no_such_function"),
     (["check", "mpidp.collectives.algorithms.ring", "--ranks", "2"], "MODULE:FUNCTION"),
+    # only generators of rounds are run: not any function a module has
+    (["check", "os:getcwd", "--ranks", "2"], "'os:getcwd' is not a generator of rounds"),
+    (["table", "os:getcwd"], "'os:getcwd' is not a generator of rounds"),
+    (["check", "mpidp.collectives.algorithms.ring:ring_allreduce_cost", "--ranks", "2"],
+     "is not a generator of rounds"),
+    (["check", "mpidp.collectives.algorithms.ring:Blocks", "--ranks", "2"],
+     "is not a generator of rounds"),
+    (["check", "ring", "--ranks", "2", "--scratch", "os:getcwd"],
+     "'os:getcwd' is not a Python function"),
 ])
 def test_bad_flags_are_usage_errors(capsys, argv, flag):
     assert flag in usage_error(capsys, argv)
@@ -116,3 +125,12 @@ def test_the_check_command_reports_a_generator_that_never_yields(tmp_path):
 
 def test_timeout_must_be_positive(capsys):
     assert "--timeout" in usage_error(capsys, ["table", "ring", "--timeout", "0"])
+
+
+def test_a_module_that_fails_to_import_is_one_line(tmp_path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    done = subprocess.run([sys.executable, "-m", "mpidp.sim", "check", "broken:f", "--ranks",
+                           "2"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "cannot load 'broken:f'" in done.stderr
+    assert "boom" in done.stderr.strip().splitlines()[-1]

@@ -149,7 +149,8 @@ def test_the_drawing_knows_what_each_rank_holds():
     assert snaps[1][0] == [2, 2, 1, 1]  # after step 0, rank 0's half holds 0's and 2's inputs
     assert [snaps[2][r][r] for r in range(4)] == [4] * 4  # then block r is complete on rank r
     _, bcast = draw_run("binomial", "bcast", 4)
-    assert [row[0] for row in bcast[1]] == [4, 4, 4, 0]  # step 0: the root sends to 2, then 1
+    assert [row[0] for row in bcast[1]] == [4, 0, 4, 0]  # step 0: the root sends to 2
+    assert [row[0] for row in bcast[2]] == [4] * 4  # step 1: the root to 1, 2 to 3
 
 
 def test_help_runs():

@@ -69,3 +69,18 @@ def check_naive_and_the_broadcasts(comm):
 @pytest.mark.mpi(ranks=[8], timeout=600)
 def test_naive_allreduce_and_the_broadcasts_match_mpi(mpi_ranks):
     on_each_size(SIZES, check_naive_and_the_broadcasts)
+
+
+def test_sim_binomial_bcast_takes_one_child_a_round_as_its_picture_and_cost_say():
+    """A rank sends to one child per round, farthest first, so N ranks take ⌈log2 N⌉ steps
+    (the cost's rounds), N = 3 too: its root sends to 2, then to 1, not both at once."""
+    from mpidp.collectives.algorithms.tree import binomial_cost
+    from mpidp.sim import simulate
+
+    for N in range(1, 18):
+        for root in {0, N - 1}:
+            out = simulate("bcast", "binomial", N, 4 * N, root=root, trace=True)
+            assert not out.problems(), (N, root)
+            assert out.sim.steps == (N - 1).bit_length() == binomial_cost(N, 1.0).rounds, N
+            per_step_and_sender = [(step, src) for step, src, *_ in out.sim.events]
+            assert len(per_step_and_sender) == len(set(per_step_and_sender)) == N - 1, N

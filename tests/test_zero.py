@@ -554,3 +554,48 @@ def test_the_memory_bench_measures_the_formulas_and_writes_the_table(mpi_ranks, 
             in text
         rows[0]["states"] += 1  # a figure off its formula is marked, not hidden
         assert "✗" in "\n".join(bench.tables([{"rows": rows}]))
+
+
+def test_stage_3_prefetches_the_next_unit_and_only_it():
+    """With prefetch, while unit i runs the all-gather in flight is the next unit's (forward
+    i+1, backward i-1), and only its: not two ahead, not none. Snapshots after each hook of
+    which buckets are gathered and which all-gather is still in flight (one rank: a gather
+    is complete at once, but stays in flight until the unit that needs it waits for it)."""
+    model = MLP([6, 8, 8, 8, 8, 4], dtype="float64", seed=0)  # 5 units
+    ddp = DataParallel(model, MPI.COMM_SELF, zero=3, prefetch=True,
+                       optimizer=SGD(model.params, model.grads))
+    gathers, U = ddp.reducer.params, model.layers
+    needs = gathers._needs
+    log = []
+
+    def snapshot(where):
+        held = {k for k, f in enumerate(gathers._full) if f is not None}
+        flying = {k for k, r in enumerate(gathers._requests) if r is not None}
+        log.append((where, held, flying))
+
+    for name in ("before_forward", "after_layer", "before_backward", "after_grad"):
+        hook = getattr(gathers, name)
+
+        def spied(*args, hook=hook, name=name):
+            hook(*args)
+            snapshot((name, *args))
+
+        setattr(gathers, name, spied)
+    x, y = np.ones((4, 6)), np.arange(4) % 4
+    logits = ddp.forward(x)
+    ddp.backward(softmax_cross_entropy(logits, y)[1])
+    ddp.step()
+    ddp.close()
+
+    def expect(now, nxt):
+        held = set(needs[now]) | (set(needs[nxt]) if nxt else set())
+        return held, set(needs[nxt]) - set(needs[now]) if nxt else set()
+
+    want = [(("before_forward",), *expect(1, 2))]
+    want += [(("after_layer", i), *expect(i + 1, i + 2 if i + 2 <= U else None))
+             for i in range(1, U)]
+    want += [(("after_layer", U), set(), set()), (("before_backward",), *expect(U, U - 1))]
+    want += [(("after_grad", i), *expect(i - 1, i - 2 if i > 2 else None))
+             for i in range(U, 1, -1)]
+    want += [(("after_grad", 1), set(), set())]
+    assert log == want

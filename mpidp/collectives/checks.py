@@ -199,3 +199,19 @@ def agree(comm, collective: str, tag: int, **call) -> None:
     listing = "\n".join(f"  rank {r}: {bytes(blocks.view(texts, r)).decode(errors='replace')}"
                         for r in range(n))
     raise ValueError(f"{collective}: ranks disagree on the arguments:\n{listing}")
+
+
+def agree_total(comm, collective: str, tag: int, mine: int, total: int) -> None:
+    """Raise ValueError on every rank unless the ranks' `mine` add up to `total`.
+
+    For the exact sums of parts (``addends``): each rank all-gathers the number of parts
+    it holds with `tag` (8 bytes a rank), and every rank names each rank's count.
+    """
+    n, rank = comm.Get_size(), comm.Get_rank()
+    held = np.zeros(n, dtype=np.int64)
+    held[rank] = mine
+    run(comm, ring_allgather(comm, held, Blocks.equal(1, n)), tag)
+    if int(held.sum()) != total:
+        raise ValueError(f"{collective}: the ranks hold {int(held.sum())} parts in all "
+                         f"({', '.join(f'rank {r}: {c}' for r, c in enumerate(held.tolist()))}), "
+                         f"but addends={total}")

@@ -43,6 +43,7 @@ communication operations in MPICH", IJHPCA 2005, section 3.
 
 from __future__ import annotations
 
+import math
 import time
 from functools import lru_cache
 from typing import NamedTuple
@@ -149,8 +150,11 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
 
 def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
               beta_inter: float = 0.0) -> Model:
-    """Use this model for `comm` from now on. Call it on every rank with the same numbers."""
+    """Use this model for `comm` from now on. Call it on every rank with the same numbers
+    (finite and >= 0, as ``MPIDP_COST`` takes them: ValueError naming the field)."""
     m = Model(float(alpha), float(beta), float(gamma), float(fixed), float(beta_inter))
+    for name, value in ((k, v) for k, v in m._asdict().items() if not 0 <= v < math.inf):
+        raise ValueError(f"cost model {name}={value}: expected a finite number >= 0")
     st = state(comm)
     st.model, st.choices, st.setups = m, {}, {}  # answers under the old model are stale
     return m

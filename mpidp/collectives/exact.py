@@ -20,16 +20,20 @@ of one rank (``MPI.COMM_SELF``, or one `mpidp.sim` rank) it is a local exact sum
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
 from ..arrays import array_module, flat
+from ..untrusted import index
 from .algorithms import entry
+from .algorithms.averaging import mean
 from .algorithms.blocks import Blocks
 from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
 from .algorithms.prerounding import (
     Grid,
+    _range,
     codes,
     extremes,
     finish,
@@ -102,14 +106,16 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
     count = W.size // g.words
     rs = reduce_scatter is not None
     if g.plain:  # one addition: a + b == b + a; ranks without addends add -0.0
-        if not rs and not any(np.may_share_memory(x, out) for x in parts[1:]):
+        if not rs and g.word == out.dtype and not any(np.may_share_memory(x, out)
+                                                      for x in parts[1:]):
             W = out  # the all-reduce runs in out itself (in place: no copy at all)
         if not parts:
             W[...] = -0.0
         elif parts[0] is not W:
             np.copyto(W, parts[0])
-        for x in parts[1:]:
-            np.add(W, x, out=W)
+        with np.errstate(over="ignore"):  # beyond the range: ±inf, the fixed rule
+            for x in parts[1:]:
+                np.add(W, x, out=W)
     else:
         code = s.code
         if not parts:
@@ -137,23 +143,34 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         yield from word_algo(comm, W, Blocks.even(W.size, n), SUM, s.words_tmp)
         lo, hi = 0, count
     if g.plain:
+        if average and g.addends > 1:  # two addends: halved in float64 (exact), then rounded
+            np.true_divide(W[lo:hi], g.addends, out=W[lo:hi])
         if W is not out:
-            np.copyto(out, W[lo:hi])
+            np.copyto(out, W[lo:hi], casting="same_kind")
         with np.errstate(invalid="ignore", over="ignore"):
             suspect = np.isnan(np.add.reduce(out))  # one read: NaN if any item is NaN
         if suspect:
             out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
-        if average and g.addends > 1:
-            np.true_divide(out, g.addends, out=out)
         return
     w1, w2 = _words(W, g, rs, lo, hi)
     code = code[lo:hi]
     special = special[(special >= lo) & (special < hi)] - lo
     scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
     values = special_values(w1, w2, special) if special.size else None
-    with np.errstate(invalid="ignore", over="ignore"):
-        from_words(w1, w2, out, code, g, scaled)
-    finish(code, out, g, special, values, average)
+    if average and g.addends > 1:  # V/n from the words, rounded once (averaging.py)
+        mean(w1, w2, out, g.addends, lambda i: _exact(w1, w2, code, g, i), scaled)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            from_words(w1, w2, out, code, g, scaled)
+    finish(code, out, g, special, values)
+
+
+def _exact(w1, w2, code, g: Grid, i: int) -> Fraction:
+    """Item i's summed words as the exact V (scaled ones times 2^e, as `from_words`)."""
+    v = Fraction(float(w1[i])) + (0 if w2 is None else Fraction(float(w2[i])))
+    if g.words == 2 and not _range(g)[0] <= code[i] <= _range(g)[1]:
+        v *= Fraction(2) ** (max(int(code[i]), 1) - (g.bias - 1))
+    return v
 
 
 # ------------------------------------------------------------ the plans
@@ -173,7 +190,7 @@ def _check_parts(parts, out) -> list:
 
 
 def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: int,
-               blocks: Blocks | None = None) -> Plan:
+               blocks: Blocks | None = None, held: int | None = None) -> Plan:
     """The plan of an exact all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
 
     Args:
@@ -181,11 +198,13 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         out: the result: the vector (all-reduce) or this rank's block (reduce-scatter).
         algorithm: for the SUM pass, and the MAX pass (a reduce-scatter's: `CODE_FOR`).
         addends: over all ranks, the same on every rank.
+        held: (the sums of parts) the parts this rank holds: with MPIDP_DEBUG the ranks
+            check that they add up to `addends`.
     """
     comm = call.comm
     rs = blocks is not None
     count = blocks.total if rs else out.size
-    g = grid(out.dtype, addends)
+    g = grid(out.dtype, addends, op.divide)
 
     def setup() -> Setup:
         collective = "reduce_scatter" if rs else "allreduce"
@@ -207,6 +226,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         check_algorithm(collective, algorithm)
         call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
                    op=op.name, algorithm=algorithm, addends=addends)
+        if held is not None:
+            call.agree_total(collective, held, addends)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
@@ -219,20 +240,35 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
 
 
+def _addends(call: Call, parts: list, addends) -> int:
+    """`addends` as the whole number it is, refused where this rank can see it is wrong:
+    fewer than the parts it holds, or (one rank) other than their number."""
+    n = index(addends, "addends")
+    if n < 0:
+        raise ValueError(f"addends={n}: the number of addends over all ranks, not negative")
+    if len(parts) > n:
+        raise ValueError(f"this rank holds {len(parts)} parts, more than addends={n} "
+                         "(the number of addends over all ranks)")
+    if call.comm.Get_size() == 1 and len(parts) != n:
+        raise ValueError(f"one rank holds all {len(parts)} parts, but addends={n}")
+    return n
+
+
 def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
                average: bool = False) -> Plan:
     """Check and set up the exact sum of every rank's `parts` into `out`."""
     parts = _check_parts(parts, out)
     if out.dtype.kind not in "f":
         raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    n = _addends(call, parts, addends)
     return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      int(addends))
+                      n, held=len(parts))
 
 
 def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
                   average: bool = False) -> Plan:
     """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
-    blocks = Blocks(counts)
+    blocks = Blocks([index(c, f"counts[{i}]") for i, c in enumerate(counts)])
     if len(blocks.counts) != call.comm.Get_size():
         raise ValueError(f"need one count per rank ({call.comm.Get_size()}), got "
                          f"{len(blocks.counts)}")
@@ -244,5 +280,6 @@ def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str =
     parts = _check_parts(parts, whole)
     if out.dtype.kind not in "f":
         raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
+    n = _addends(call, parts, addends)
     return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      int(addends), blocks)
+                      n, blocks, held=len(parts))

@@ -33,7 +33,7 @@ from ..config import debug_enabled
 from ..flight import COMPLETE, ERROR, SIGNED, STARTED, STATE, TAG
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
-from .checks import agree
+from .checks import agree, agree_total
 from .engine.driver import Request, run
 from .engine.staging import stager
 from .state import CommState, check_user_tag, signature, state
@@ -152,9 +152,16 @@ class Call:
         raise ValueError if they differ (`checks.agree`). Called after the local checks
         and before anything collective: ``auto``'s set-up is collective, and a rank that
         set up alone would wait there for the others forever."""
-        tag = self.user_tag if self.slot is None else self.state.tag(self.slot, 0,
-                                                                     self.persistent)
-        agree(self.comm, collective, tag, **described)
+        agree(self.comm, collective, self._agreement_tag(), **described)
+
+    def agree_total(self, collective: str, mine: int, total: int) -> None:
+        """(debug on, after `agree`) Every rank's `mine` must add up to `total`
+        (`checks.agree_total`: the exact sums' parts against ``addends``)."""
+        agree_total(self.comm, collective, self._agreement_tag(), mine, total)
+
+    def _agreement_tag(self) -> int:
+        return self.user_tag if self.slot is None else self.state.tag(self.slot, 0,
+                                                                      self.persistent)
 
     def tag(self, signed: Signed) -> int:
         """The tag for this call, with its signature folded in."""
@@ -172,6 +179,7 @@ class Call:
 
     def end(self) -> None:
         if self.slot is not None:
+            self.state.requests.pop(self.slot, None)
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
         if self.entry is not None and self.entry[ERROR] is None:  # not failed nor timed out
@@ -229,6 +237,8 @@ class Plan:
         finally:
             if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
                 call.started()
+        if call.slot is not None and not request.done:  # mpidp.Comm.Free completes it
+            call.state.requests[call.slot] = request
         if entry is not None:
             entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
         return request

@@ -23,7 +23,7 @@ from ..arrays import array_module, flat
 from . import exact
 from .algorithms import entry
 from .algorithms.blocks import Blocks
-from .algorithms.ops import SUM
+from .algorithms.ops import AVG, SUM
 from .algorithms.ring import ring_reduce_scatter
 from .algorithms.rounds import Rounds, copy_rounds, no_rounds
 from .algorithms.tree import scatter_allgather_bcast
@@ -75,8 +75,25 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
         return Plan(call, no_rounds, (), tag)
     # out of place, the algorithms read sendbuf where it is (no copy first)
     src = None if send is None else flat(send)
+    if op is AVG and buf.dtype.kind == "f" and buf.itemsize == 2:
+        return _wide_average(call, algo, buf, src, s, tag)
     tmp = call.state.pool.take(buf, s.scratch)
     return Plan(call, algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
+
+
+def _wide_average(call: Call, algo, buf, src, s: Setup, tag: int) -> Plan:
+    """AVG of float16: summed in float32 (pooled, twice the bytes on the wire), divided by
+    N there and rounded once to float16, so that a mean is not an overflowed sum (60000 on
+    3 ranks) nor rounded at every step."""
+    xp, pool = array_module(buf), call.state.pool
+    work = pool.take(xp.empty(0, xp.float32), buf.size)
+    tmp = pool.take(work, s.scratch)
+
+    def finish():
+        xp.copyto(buf, work, casting="same_kind")
+
+    return Plan(call, copy_rounds, (work, buf if src is None else src, algo, call.comm, work,
+                                    s.blocks, AVG, tmp, None), tag, finish, (tmp, work), work)
 
 
 def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,

@@ -77,6 +77,7 @@ class CommState:
         self.half = self.sigs // 2 if self.sigs >= 4 else self.sigs
         self.started = 0  # collectives started: the sequence
         self._busy: set[int] = set()  # slots of collectives in flight on this rank
+        self.requests: dict[int, object] = {}  # slot -> its Request while in flight (Free)
         self._held: set[int] = set()  # slots of this rank's persistent collectives
         self._lock = threading.Lock()  # a progress thread may start or end collectives too
         # MPIDP_DEBUG: the thread starting a collective here now (`begin_start`), and how

@@ -189,10 +189,12 @@ def parse_args(argv) -> argparse.Namespace:
             p.error(f"unknown {args.collective} algorithm {spec!r}: expected MODULE:FUNCTION"
                     + known)
         try:
-            setattr(args, name, load(spec))
+            setattr(args, name, load(spec, scratch=name == "scratch"))
             setattr(args, name + "_label", spec)
         except (ImportError, AttributeError) as e:
             p.error(f"cannot load {spec!r}: {e}")
+        except ValueError as e:  # loaded, but not what the simulator runs
+            p.error(str(e))
     return args
 
 

@@ -14,6 +14,7 @@ rounds it measured beside the α-β-γ formulas of mpidp's own algorithms.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import sys
 from typing import NamedTuple
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpidp.collectives import cost
+from mpidp.collectives.algorithms import of
 from mpidp.collectives.algorithms.ops import OPS
 
 from .collective import REDUCING, names, resolve, simulate
@@ -221,11 +223,27 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def load(spec: str):
-    """The function named by 'MODULE:FUNCTION' (the module imported from sys.path or the cwd)."""
+def load(spec: str, scratch: bool = False):
+    """The generator of rounds named by 'MODULE:FUNCTION' (the module imported from sys.path
+    or the cwd), or with `scratch` the Python function of a scratch size.
+
+    Nothing else is ever called: a function that does not yield (``os:getcwd``) is a
+    ValueError saying so, as is a module that raises while it is imported (ImportError).
+    """
     module, _, name = spec.partition(":")
     if not name:
         raise SystemExit(f"expected MODULE:FUNCTION, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
-    return getattr(importlib.import_module(module), name)
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise
+    except Exception as e:  # the module's own code failed: one line, not its traceback
+        raise ImportError(f"importing {module} raised {type(e).__name__}: {e}") from None
+    if scratch and not inspect.isfunction(found):
+        raise ValueError(f"{spec!r} is not a Python function (blocks -> scratch items)")
+    if not scratch and not (inspect.isgeneratorfunction(found) or of(found)):
+        raise ValueError(f"{spec!r} is not a generator of rounds (a function that yields "
+                         "lists of Send and Recv) nor a registered algorithm")
+    return found

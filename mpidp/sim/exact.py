@@ -68,7 +68,7 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
     N = len(parts_by_rank)
     dtype = np.dtype(next(p.dtype for parts in parts_by_rank for p in parts))
     size = next(p.size for parts in parts_by_rank for p in parts)
-    g = grid(dtype, addends)
+    g = grid(dtype, addends, average)
     rs = collective == "reduce_scatter"
     blocks = Blocks(counts) if rs else None
     code_name = CODE_FOR[algorithm] if rs else algorithm

@@ -41,6 +41,10 @@ are those across hosts; the reductions of step 2 are on G/P bytes per rank):
     hierarchical all-reduce:
         2(P-1)α + 2G(P-1)/P·β + G(P-1)/P·γ + 2(H-1)α + 2(G/P)(H-1)/H·β + (G/P)(H-1)/H·γ
 
+for equal hosts. On unequal ones a rank of a smaller host holds several pieces and
+runs one ring across hosts for each, one after the other: with K the most pieces
+one rank holds (⌈P/L⌉ for the smallest host's L), 2(P-1) + 2K(H-1) rounds (3 + 2
+ranks: 8), and the busiest rank's bytes (`hierarchical_cost` adds them up per rank);
 and through each host's link, per direction, 2G(H-1)/H bytes: G for 2 hosts, the
 lower bound (each host must receive the other's sums for the half it reduces,
 then the other half's result), where the ring across 2 × 2 sends 1.5G and
@@ -108,9 +112,19 @@ def hierarchical_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None,
 
 
 def hierarchical_cost(N: int, G: float, hosts=None) -> Cost:
-    """The docstring's cost line, with α' = α and β' = β (cost.py prices the link apart)."""
-    H = max(hosts) + 1 if hosts else 1
-    P = max(hosts.count(h) for h in range(H)) if hosts else N  # ranks on the largest host
-    local, cross = G * (P - 1) / P, G / P * (H - 1) / H  # within a host, across hosts
+    """The docstring's cost line, with α' = α and β' = β (cost.py prices the link apart):
+    the rounds of the critical path, the bytes sent and reduced of the busiest rank."""
+    sizes = [len(m) for m in host_members(hosts)] if hosts else [N]
+    H, P = len(sizes), max(sizes)  # hosts, ranks on the largest host
+    piece, sent, reduced, K = G / P, 0.0, 0.0, 1
+    for L in sizes:
+        held = [(i + 1) * P // L - i * P // L for i in range(L)]  # pieces of each local rank
+        K = max(K, *held)
+        for j, k in enumerate(held):  # ring within (all but one block each way), K rings across
+            within = 0.0 if L == 1 else G - held[(j + 1) % L] * piece
+            sent = max(sent, (G - k * piece if L > 1 else 0.0) + within
+                       + k * 2 * piece * (H - 1) / H)
+            reduced = max(reduced, (G - held[j - 1] * piece if L > 1 else 0.0)
+                          + k * piece * (H - 1) / H)
     link = 2 * G * (H - 1) / H if spans_hosts(hosts) else 0.0  # every piece's ring share, once
-    return Cost(2 * (P - 1) + 2 * (H - 1), 2 * local + 2 * cross, local + cross, link)
+    return Cost(2 * (P - 1) + 2 * (H - 1) * K, sent, reduced, link)

@@ -45,8 +45,25 @@ class Op:
 
     def __call__(self, acc, tmp, src=None) -> None:
         """acc = acc ⊕ tmp, in place; with `src`, acc = src ⊕ tmp (acc's old value unused)."""
+        if acc.size == 1:
+            self.apply(acc if src is None else src, tmp, out=acc)
+            return
         ufunc = self.np_ufunc if type(acc) is np.ndarray else getattr(_xp(acc), self.ufunc)
         ufunc(acc if src is None else src, tmp, out=acc)
+
+    def apply(self, a, b, out) -> None:
+        """out = a ⊕ b, `a` the first operand, whatever `out` is.
+
+        NumPy runs ``ufunc(a, b, out=a)`` on one item as a reduction, with the operands
+        the other way round: the sum of two NaNs then keeps b's payload, MAX of -0.0 and
+        0.0 gives b. So one item written over its first operand is computed apart and
+        copied (two partners computing a ⊕ b, one in its a, one in its b, agree)."""
+        xp = np if type(out) is np.ndarray else _xp(out)
+        ufunc = self.np_ufunc if xp is np else getattr(xp, self.ufunc)
+        if out.size == 1 and xp.may_share_memory(a, out):
+            out[...] = ufunc(a, b)
+        else:
+            ufunc(a, b, out=out)
 
     def finish(self, block, n: int) -> None:
         """Turn a fully reduced block into the result (AVG divides by n; others do nothing)."""
@@ -82,9 +99,9 @@ AVG = Op("avg", "add", "fc", divide=True)  # integer averages would truncate: fl
 LAND = Op("land", "logical_and", _LOGICAL)
 LOR = Op("lor", "logical_or", _LOGICAL)
 LXOR = Op("lxor", "logical_xor", _LOGICAL)
-BAND = Op("band", "bitwise_and", _LOGICAL)
-BOR = Op("bor", "bitwise_or", _LOGICAL)
-BXOR = Op("bxor", "bitwise_xor", _LOGICAL)
+BAND = Op("band", "bitwise_and", _INTEGER)  # MPI: integers and bytes, not logicals (bool)
+BOR = Op("bor", "bitwise_or", _INTEGER)
+BXOR = Op("bxor", "bitwise_xor", _INTEGER)
 
 OPS = {op.name: op for op in (SUM, PROD, MAX, MIN, AVG, LAND, LOR, LXOR, BAND, BOR, BXOR)}
 

@@ -54,8 +54,8 @@ Special values, by fixed rules: a NaN addend gives the canonical quiet NaN, +inf
 with -inf gives NaN, else an infinite addend gives that infinity (the words of
 such an item count +inf and -inf addends, NaN counting as both); an exact zero
 is +0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf.
-Integer dtypes take plain SUM (already exact). EXACT_AVG: the exact sum, then
-divided by n (a second rounding, the same everywhere).
+Integer dtypes take plain SUM (already exact). EXACT_AVG: V/n rounded once
+(`averaging`), so a mean is finite where the sum overflows.
 
 Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes):
 
@@ -94,11 +94,7 @@ class Grid(NamedTuple):
     top: int  # the code of inf and nan: every exponent bit set
     bias: int  # exponent bias (1023, 127, 15)
     addends: int
-
-    @property
-    def plain(self) -> bool:
-        """n <= 2: one rounded addition, the same in any order (see the docstring)."""
-        return self.addends <= 2
+    plain: bool  # n <= 2: one rounded addition, the same in any order (see the docstring)
 
 
 def _fits(dtype, n: int, bits: int) -> bool:
@@ -127,9 +123,16 @@ def most_addends(name: str) -> int:
     return 2 ** k
 
 
-def grid(dtype, addends: int) -> Grid:
-    """The grid for `addends` addends of `dtype` (float16, float32 or float64)."""
-    dtype = np.dtype(dtype)
+def grid(dtype, addends: int, average: bool = False) -> Grid:
+    """The grid for `addends` addends of `dtype` (float16, float32 or float64, in either
+    byte order: the grid is the native dtype's, its float64 words native; n <= 2 adds the
+    addends themselves, in their own byte order).
+
+    `average` (EXACT_AVG) of two addends: float16 and float32 add them in float64 (their
+    sum is exact there, halving it too: one rounding, no overflow), float64 on the grid
+    (its mean from the words, `averaging`), so that a mean is never an overflowed sum."""
+    given = np.dtype(dtype)
+    dtype = given.newbyteorder("=")
     if dtype.name not in ("float64", "float32", "float16"):
         raise TypeError(f"exact sum of {dtype}: only float16, float32 and float64 "
                         "(integers take SUM)")
@@ -140,23 +143,29 @@ def grid(dtype, addends: int) -> Grid:
     code = np.dtype(np.uint16 if dtype == np.float64 else np.uint8)
     if n < 0:
         raise ValueError(f"exact sum of {n} addends")
-    if n <= 2:
-        return Grid(dtype, code, dtype, 1, 0, 0, top, bias, n)
-    B1, B2 = _bits(dtype, k)
+    if n <= 2 and not (average and n == 2 and dtype == np.float64):
+        wide = average and n == 2  # float16, float32: summed and halved in float64
+        return Grid(dtype, code, np.dtype(np.float64) if wide else given, 1, 0, 0, top, bias,
+                    n, True)
+    B1, B2 = _bits(dtype, max(k, 2))
     if n > most_addends(dtype.name):
         raise ValueError(f"exact sum of {n} addends of {dtype}: the error bound holds for "
                          f"up to {most_addends(dtype.name)} addends")
-    return Grid(dtype, code, np.dtype(np.float64), 2 if B2 else 1, B1, B2, top, bias, n)
+    return Grid(dtype, code, np.dtype(np.float64), 2 if B2 else 1, B1, B2, top, bias, n, False)
 
 
 # ------------------------------------------------------------ step 1: the code of each item
 
 
 def _top16(x):
-    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view."""
-    v = x.view(np.uint16)
+    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view.
+
+    Read in x's own byte order: a big-endian array (``>f8``) on a little-endian machine
+    holds its high bits first, and as 16-bit numbers they are big-endian too."""
+    little = x.dtype.byteorder == "<" or (x.dtype.byteorder in "=|" and LITTLE)
+    v = x.view(np.dtype(np.uint16).newbyteorder("<" if little else ">"))
     per = x.itemsize // 2
-    return v[per - 1 :: per] if LITTLE else v[::per]
+    return v[per - 1 :: per] if little else v[::per]
 
 
 @cache
@@ -303,8 +312,8 @@ def from_words(w1, w2, out, code, g: Grid, scaled) -> None:
         out[scaled] = np.ldexp(w1[scaled] + w2[scaled], e)
 
 
-def finish(code, out, g: Grid, idx, values, average: bool) -> None:
-    """The fixed rules (nan, inf: `values` at `idx`; -0.0), then the average."""
+def finish(code, out, g: Grid, idx, values) -> None:
+    """The fixed rules (nan, inf: `values` at `idx`; -0.0), after the sum or the mean."""
     if idx.size:
         out[idx] = values
     if g.addends:
@@ -312,5 +321,3 @@ def finish(code, out, g: Grid, idx, values, average: bool) -> None:
         if neg.size:
             zero = out[neg] == 0
             out[neg[zero]] = -0.0
-    if average and g.addends > 1:
-        np.true_divide(out, g.addends, out=out)

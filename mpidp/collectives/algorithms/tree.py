@@ -10,17 +10,22 @@ doubles each step. For N = 8, root 0:
         step 1:   0 --------> 2         4 --------> 6
         step 2:   0 -> 1      2 -> 3    4 -> 5      6 -> 7
 
-A rank posts all its forwarding sends as one round, so in the step tables below
-the root's sends share a step; through one network port they still leave one
-after the other, which is why the cost counts ⌈log2 N⌉ message times. The
-tables are computed by running this code (`mpidp.sim`): "→2,1:0-3" sends
-blocks 0-3, the whole vector, to rank 2, then to rank 1. For N = 4, root 0:
+A rank sends to one child a round, as in the picture, so N ranks take ⌈log2 N⌉
+steps (N = 3 too: the root sends to 2, then to 1), the cost's count of message
+times. The tables are computed by running this code (`mpidp.sim`): "→2:0-3"
+sends blocks 0-3, the whole vector, to rank 2. For N = 4 and N = 3, root 0:
 
         $ python -m mpidp.sim table binomial --collective bcast --ranks 4
-        step | rank 0   | rank 1 | rank 2 | rank 3
-        -----+----------+--------+--------+-------
-           0 | →2,1:0-3 | ←0:0-3 | ←0:0-3 |
-           1 |          |        | →3:0-3 | ←2:0-3
+        step | rank 0 | rank 1 | rank 2 | rank 3
+        -----+--------+--------+--------+-------
+           0 | →2:0-3 |        | ←0:0-3 |
+           1 | →1:0-3 | ←0:0-3 | →3:0-3 | ←2:0-3
+
+        $ python -m mpidp.sim table binomial --collective bcast --ranks 3
+        step | rank 0 | rank 1 | rank 2
+        -----+--------+--------+-------
+           0 | →2:0-2 |        | ←0:0-2
+           1 | →1:0-2 | ←0:0-2 |
 
 Reduce is the same tree run backwards: a rank receives from v + 1, v + 2,
 v + 4, ... (its children, nearest first), adds each in, then sends the sum to
@@ -28,12 +33,12 @@ its parent. Naive all-reduce = reduce to rank 0, then broadcast from it: every
 message carries the whole vector, and rank 0 reduces log2 N of them.
 
         $ python -m mpidp.sim table naive --ranks 4
-        step | rank 0   | rank 1 | rank 2 | rank 3
-        -----+----------+--------+--------+-------
-           0 | ←1:0-3   | →0:0-3 | ←3:0-3 | →2:0-3
-           1 | ←2:0-3   |        | →0:0-3 |
-           2 | →2,1:0-3 | ←0:0-3 | ←0:0-3 |
-           3 |          |        | →3:0-3 | ←2:0-3
+        step | rank 0 | rank 1 | rank 2 | rank 3
+        -----+--------+--------+--------+-------
+           0 | ←1:0-3 | →0:0-3 | ←3:0-3 | →2:0-3
+           1 | ←2:0-3 |        | →0:0-3 |
+           2 | →2:0-3 |        | ←0:0-3 |
+           3 | →1:0-3 | ←0:0-3 | →3:0-3 | ←2:0-3
 
 Scatter + all-gather (van de Geijn): the same tree, but a message carries only
 the blocks of the subtree below the receiver (half, then a quarter, ...), so
@@ -85,13 +90,10 @@ def binomial_bcast(comm, buf, root: int) -> Rounds:
             break
         mask <<= 1
     mask >>= 1
-    sends = []
-    while mask > 0:  # forward to my children, farthest first
+    while mask > 0:  # forward to my children, farthest first, one a round
         if v + mask < N:
-            sends.append(Send(buf, (rank + mask) % N))
+            yield [Send(buf, (rank + mask) % N)]
         mask >>= 1
-    if sends:
-        yield sends
 
 
 def binomial_reduce(comm, buf, op: Op, tmp, root: int) -> Rounds:

@@ -41,6 +41,7 @@ from mpi4py import MPI
 from .. import cost, plans
 from ..algorithms import ALGORITHMS
 from ..checks import check_algorithm
+from ..engine.completion import waitall
 from ..engine.driver import Request
 from ..persistent import Persistent
 from ..plan import planned
@@ -233,6 +234,12 @@ class Comm:
 
     def Create_group(self, *args, **kwargs) -> Comm:  # noqa: N802
         return self._wrap(self.comm.Create_group(*args, **kwargs))
+
+    def Free(self) -> None:  # noqa: N802
+        """MPI_Comm_free, once mpidp's collectives in flight on it are complete: MPI lets
+        pending operations complete, and mpidp's post their rounds as they go."""
+        waitall(list(state(self.comm).requests.values()))
+        self.comm.Free()
 
     # ------------------------------------------------------------ everything else
 

@@ -109,6 +109,20 @@ class RequestError(MPI.Exception):
         return self.message
 
 
+class FreedError(MPI.Exception):
+    """The communicator was freed (``comm.Free()``) while an mpidp collective was in flight
+    on it: ``MPI.Exception`` (``MPI.ERR_COMM``) saying what to do instead."""
+
+    def __init__(self):
+        super().__init__(MPI.ERR_COMM)
+
+    def __str__(self) -> str:
+        return ("the communicator was freed (comm.Free()) while this mpidp collective was in "
+                "flight: its next round cannot be posted. Wait for the request before "
+                "freeing the communicator, or free it through mpidp.Comm, whose Free() "
+                "completes it first")
+
+
 class Request(Polled):
     """A collective in flight, with the methods of an mpi4py ``MPI.Request``.
 
@@ -181,7 +195,14 @@ class Request(Polled):
         if self._stager is not None:
             round_, fill, self._finish = self._stager(round_)
         self._round = round_
-        self._reqs = post(self._comm, round_, self._tag, fill)
+        try:
+            self._reqs = post(self._comm, round_, self._tag, fill)
+        except MPI.Exception:
+            if not (isinstance(self._comm, MPI.Comm) and self._comm == MPI.COMM_NULL):
+                raise
+            exc = FreedError()  # comm.Free() while in flight: say so, not "Null communicator"
+            self._failed(exc)
+            raise exc from None
 
     def _failed(self, exc: BaseException) -> None:
         """The collective's own work raised: nothing of it is in flight; give back what

@@ -76,7 +76,8 @@ class Recorder(Wrapper):
 
     def __call__(self, acc, tmp, src=None) -> None:
         self.op(acc, tmp, src)
-        self.log.append((self.op.np_ufunc, acc if src is None else src, tmp, acc))
+        f = self.op.np_ufunc if acc.size != 1 else self.op.apply  # one item: as `Op` does
+        self.log.append((f, acc if src is None else src, tmp, acc))
 
     def finish(self, block, n: int) -> None:
         self.op.finish(block, n)
