@@ -35,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives as mp
+from .. import files
 from ..trace import Tracer
 from ..training import GPT, AdamW, DataParallel, data
 from ..training.gpt import token_cross_entropy
@@ -186,8 +187,7 @@ def run(args) -> int:
     if comm.Get_rank() == 0:
         print(json.dumps({k: v for k, v in out.items() if k not in ("layout", "memory")}))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            files.write_json(args.json, out, indent=1)
     return 0
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import platform
 import re
+
+from .. import files
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
 TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter (block)",
@@ -111,8 +114,7 @@ def write_json(path: str, meta: dict, rows: list[dict]) -> None:
 
     lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in meta.items()]
     body = ",\n".join("  " + json.dumps(short(r)) for r in rows)
-    with open(path, "w") as f:
-        f.write("{\n" + "\n".join(lines) + '\n "rows": [\n' + body + "\n ]\n}\n")
+    files.write_text(path, "{\n" + "\n".join(lines) + '\n "rows": [\n' + body + "\n ]\n}\n")
 
 
 CSV_FIELDS = ("collective", "algorithm", "resolved", "inplace", "bytes", "count", "dtype",
@@ -121,10 +123,12 @@ CSV_FIELDS = ("collective", "algorithm", "resolved", "inplace", "bytes", "count"
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+    def write(f) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+    files.replace(path, write, text=True)
 
 
 def series(row: dict) -> str:
@@ -195,8 +199,13 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     fig.suptitle(f"mpidp collectives vs {meta.get('mpi_library_short', 'MPI')} "
                  f"({meta.get('dtype')}, {meta.get('cpu')})", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(path, dpi=72)
+    files.replace(path, lambda f: fig.savefig(f, dpi=72, format=figure_format(path)))
     plt.close(fig)
+
+
+def figure_format(path: str) -> str:
+    """The image format `path`'s name asks for (png where it names none)."""
+    return os.path.splitext(path)[1][1:].lower() or "png"
 
 
 def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
@@ -207,8 +216,7 @@ def replace_marked(path: str, begin: str, end: str, lines: list[str]) -> bool:
         return False
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
-    with open(path, "w") as f:
-        f.write(head + "\n".join([begin, *lines, end]) + tail)
+    files.write_text(path, head + "\n".join([begin, *lines, end]) + tail)
     return True
 
 

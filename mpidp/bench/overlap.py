@@ -31,7 +31,6 @@ start of backward.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import time
@@ -39,10 +38,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .. import files
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
 from ..training.trainer import blas_threads
-from .output import HelpFormatter
+from .output import HelpFormatter, figure_format
 
 MODES = ("compute", "compute+blocks", "serial", "overlap", "overlap+thread", "overlap+wait",
          "overlap+blocks", "overlap+pieces", "pieces+wait", "default")
@@ -235,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         report(summary)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(summary, f, indent=1)
+            files.write_json(args.json, summary, indent=1)
         if args.csv:
             write_csv(summary, args.csv)
         if args.plot:
@@ -248,7 +247,7 @@ def write_csv(s: dict, path: str) -> None:
     """One row per mode: the table `report` prints."""
     import csv
 
-    with open(path, "w", newline="") as f:
+    def write(f) -> None:
         w = csv.writer(f)
         w.writerow(["ranks", "mode", "step_ms", "backward_ms", "exposed_comm_ms",
                     "hidden_fraction", "efficiency"])
@@ -256,6 +255,8 @@ def write_csv(s: dict, path: str) -> None:
             w.writerow([s["ranks"], mode, f"{e['step_ms']:.4f}", f"{e['backward_ms']:.4f}",
                         f"{e['exposed_comm_ms']:.4f}", e.get("hidden_fraction", ""),
                         e.get("efficiency", "")])
+
+    files.replace(path, write, text=True)
 
 
 MODE_COLORS = {"compute": "C7", "compute+blocks": "C9", "serial": "C0", "overlap": "C1",
@@ -298,7 +299,7 @@ def plot(s: dict, path: str) -> None:
     for ax in (left, right):
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.replace(path, lambda f: fig.savefig(f, dpi=110, format=figure_format(path)))
     plt.close(fig)
 
 

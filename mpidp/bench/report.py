@@ -22,6 +22,7 @@ import json
 import os
 import re
 
+from .. import files
 from . import runs as merged_runs
 from .output import COLLECTIVES, TITLES, human, placement, plot, replace_marked, write_json
 from .runs import ratio_range
@@ -428,8 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     page = render(runs, {k: os.path.abspath(v) for k, v in images.items()},
                   os.path.abspath(args.data), out_dir, args.note, notes_text, baseline,
                   [os.path.abspath(p) for p in args.see_also], args.title)
-    with open(args.out, "w") as f:
-        f.write(page)
+    files.write_text(args.out, page)
     _, met, total = target_table(runs)
     print(f"wrote {args.out} ({met} of {total} judged targets met) and "
           f"{len(images)} plot(s) in {args.img}")

@@ -37,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives as mp
+from .. import files
 from ..training import MLP, SGD, Adam, DataParallel, softmax_cross_entropy
 from ..training.memory import StepPeak, formula_bytes, model_state_bytes
 from ..training.trainer import blas_threads
@@ -133,8 +134,7 @@ def run(args) -> int:
             print(f"N={t['ranks']} {t['sizes']} zero={t['zero']} prefetch={t['prefetch']}: "
                   f"{t['step_ms']:.2f} ms/step")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"rows": rows, "timing": timed}, f, indent=1)
+            files.write_json(args.json, {"rows": rows, "timing": timed}, indent=1)
     return 0
 
 
