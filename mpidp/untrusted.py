@@ -13,7 +13,8 @@ Two parts:
 
 - `read_json(path, max_bytes)`: the file's JSON, opened without blocking (a FIFO
   is refused, not waited on) and without following a final link, a regular file
-  of at most `max_bytes`, nesting at most `MAX_DEPTH` deep.
+  of at most `max_bytes`, nesting at most `MAX_DEPTH` deep; `read_text` the same
+  for a text file, `parse_json` for JSON text read from elsewhere.
 - the schema: `Int`, `Num`, `Text`, `Bool`, `List`, `Record`, `Either`, `Null`,
   and `check(value, schema, where)`, which returns the value checked (ints as
   Python ints) or raises InputError naming the first field that is wrong. A
@@ -38,9 +39,16 @@ class InputError(ValueError):
     """Untrusted input that is refused (one line: where, which field, what is wrong)."""
 
 
-def read_json(path: str, max_bytes: int):
-    """The JSON value in the regular file `path` (InputError for a missing, non-regular,
-    oversize, undecodable or too deeply nested file)."""
+def read_text(path: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file `path` (InputError for a missing, non-regular,
+    oversize or undecodable file)."""
+    try:
+        return _read(path, max_bytes).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({_one_line(e)})") from None
+
+
+def _read(path: str, max_bytes: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -57,6 +65,13 @@ def read_json(path: str, max_bytes: int):
         raw = f.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise InputError(f"{path}: more than the {max_bytes} bytes such a file may hold")
+    return raw
+
+
+def read_json(path: str, max_bytes: int):
+    """The JSON value in the regular file `path` (InputError for a missing, non-regular,
+    oversize, undecodable or too deeply nested file)."""
+    raw = _read(path, max_bytes)
     if _depth(raw) > MAX_DEPTH:
         raise InputError(f"{path}: nested more than {MAX_DEPTH} levels deep")
     try:

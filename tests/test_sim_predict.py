@@ -172,3 +172,23 @@ def test_the_drawing_keeps_the_arrows_of_overlapping_pairs_apart():
             for b in lane:
                 if a != b and lane[a] == lane[b]:
                     assert a[1] < b[0] or b[1] < a[0], (a, b, lane)  # rows never shared
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not a regular file"),                     # a FIFO: refused, not waited on
+    ('{"ranks": 2}', "no field 'rows'"),              # before: KeyError
+    ('{"ranks": 2, "rows": [{"collective": 1}]}', "rows[0].collective"),  # before: TypeError
+    ("[" * 5000 + "]" * 5000, "nested more than"),    # before: RecursionError
+])
+def test_compare_with_a_file_that_is_not_a_benchmark_is_one_line_and_exit_2(
+        tmp_path, capsys, content, message):
+    from mpidp.sim.__main__ import main
+
+    path = tmp_path / "bench.json"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    assert main(["predict", "--compare", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err

@@ -7,6 +7,7 @@ import sys
 import time
 
 from mpidp.bench.output import parse_size
+from mpidp.untrusted import InputError
 
 from .collective import COLLECTIVES, names
 from .conformance import load
@@ -276,6 +277,14 @@ def run_check_exact(args) -> int:
 
 
 def run_predict(args) -> int:
+    try:
+        return _predict(args)
+    except InputError as e:  # a file it reads is not what it says (mpidp.untrusted)
+        print(f"python -m mpidp.sim predict: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _predict(args) -> int:
     from .predict import (
         Network,
         fit_inter,

@@ -25,12 +25,23 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mpidp import untrusted
 from mpidp.bench.output import human
 from mpidp.collectives import cost
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.placement import layout
 
 from .collective import names, resolve, simulate
+
+MAX_INPUT = 64 << 20  # bytes of a calibration, cluster bench or collectives JSON file
+# the rows of `python -m mpidp.bench collectives --json` that `read_measured` reads
+MEASURED = untrusted.Record({
+    "ranks": untrusted.Int(1, 1 << 20),
+    "rows": untrusted.List(untrusted.Record({
+        "collective": untrusted.Text(64), "algorithm": untrusted.Text(64),
+        "bytes": untrusted.Int(0, 1 << 50), "time_us": untrusted.Num(0),
+        "inplace": untrusted.Optional(untrusted.Bool())}, optional=frozenset({"inplace"})),
+        max_len=1 << 20)})
 
 
 class Network(NamedTuple):
@@ -210,12 +221,13 @@ def switches(collective: str, N: int, net: Network, largest: int = 1 << 30) -> s
 
 def read_calibration(path: str) -> Network:
     """α, β, γ and the fixed cost from `python -m mpidp.bench calibrate`'s output."""
-    text = open(path, encoding="utf-8").read()
+    text = untrusted.read_text(path, MAX_INPUT)
     found = {}
     for name, unit in (("fixed", "µs"), ("alpha", "µs"), ("beta", "ns"), ("gamma", "ns")):
         m = re.search(rf"{name} = ([0-9.eE+-]+) {unit}", text)
         if not m:
-            raise ValueError(f"{path}: no '{name} = ... {unit}' line (is it calibrate's output?)")
+            raise untrusted.InputError(f"{path}: no '{name} = ... {unit}' line (is it "
+                                       "calibrate's output?)")
         found[name] = float(m.group(1)) * (1e-6 if unit == "µs" else 1e-9)
     return Network(found["alpha"], found["beta"], found["gamma"], found["fixed"])
 
@@ -229,10 +241,11 @@ def fit_inter(path: str, gamma: float = 0.0, fixed: float = 0.0) -> tuple[float,
     are taken off, and α, β >= 0 are fitted to the rest by least squares in
     relative error, as `cost.fit` does.
     """
-    text = open(path, encoding="utf-8").read()
+    text = untrusted.read_text(path, MAX_INPUT)
     head = re.search(r"^# (\d+) ranks", text, re.M)
     if not head:
-        raise ValueError(f"{path}: no '# N ranks' line (is it mpidp.cluster bench's output?)")
+        raise untrusted.InputError(f"{path}: no '# N ranks' line (is it mpidp.cluster "
+                                   "bench's output?)")
     N, rows, seconds = int(head.group(1)), [], []
     for size, name, busbw in re.findall(r"^\s*([\d.]+) MiB\s+(\S+)\s+([\d.]+)\s+ratio", text,
                                         re.M):
@@ -243,7 +256,7 @@ def fit_inter(path: str, gamma: float = 0.0, fixed: float = 0.0) -> tuple[float,
             seconds.append(nbytes * 2 * (N - 1) / N / (float(busbw) * 1e9) - fixed
                            - gamma * reduced)
     if len(rows) < 2:
-        raise ValueError(f"{path}: fewer than two rows of mpidp algorithms to fit")
+        raise untrusted.InputError(f"{path}: fewer than two rows of mpidp algorithms to fit")
     a, t = np.array(rows) / np.array(seconds)[:, None], np.ones(len(rows))
     best, least = (0.0, 0.0), np.inf
     for cols in ([0, 1], [0], [1]):  # non-negative: both, or one of them alone
@@ -258,10 +271,7 @@ def fit_inter(path: str, gamma: float = 0.0, fixed: float = 0.0) -> tuple[float,
 def read_measured(path: str, collective: str) -> dict:
     """{(N, bytes, algorithm): µs} from `python -m mpidp.bench collectives --json` (in place
     rows, as calibrate times them; out of place where a size has none)."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    data = untrusted.check(untrusted.read_json(path, MAX_INPUT), MEASURED, path)
     found = {}
     for row in sorted(data["rows"], key=lambda r: r.get("inplace") is True):
         if row["collective"] == collective and row["algorithm"] not in ("native", "auto"):
