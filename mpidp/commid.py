@@ -70,14 +70,25 @@ class Agreement:
         self.parts[me] = mine
         self._mine = np.array([mine], np.int64)
         self._bufs = {r: np.empty(1, np.int64) for r in range(n) if r != me}
-        self._sends = [comm.Isend(self._mine, r, tag) for r in self._bufs]
-        self._recvs = {r: comm.Irecv(buf, r, tag) for r, buf in self._bufs.items()}
+        self._comm, self._tag = comm, tag
+        self._sends: list = []
+        self._recvs: dict | None = None  # posted by `post`
         self._lock = threading.Lock()  # the main thread's calls and a dump's
         self.done = not self._bufs
 
+    def post(self) -> None:
+        """Send this rank's number and post the receives of the others': at the first
+        collective that starts (past its checks: a call refused on one rank sends nothing,
+        and every member of a collective that starts takes the numbers in at its own)."""
+        with self._lock:
+            if self._recvs is None:
+                comm, tag = self._comm, self._tag
+                self._sends = [comm.Isend(self._mine, r, tag) for r in self._bufs]
+                self._recvs = {r: comm.Irecv(buf, r, tag) for r, buf in self._bufs.items()}
+
     def progress(self) -> bool:
         """Take in the numbers that have arrived; True once all have and every send is done."""
-        if self.done or not self._lock.acquire(blocking=False):
+        if self.done or self._recvs is None or not self._lock.acquire(blocking=False):
             return self.done
         try:
             for r, req in list(self._recvs.items()):

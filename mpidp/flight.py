@@ -161,6 +161,11 @@ class Recorder:
             self.size = self.rank = None
         _recorders.add(self)
 
+    def started(self) -> None:
+        """A collective on this communicator starts: its id's numbers go out (`commid`)."""
+        if self.agreeing is not None:
+            self.agreeing.post()
+
     @property
     def comm_id(self) -> str:
         """The communicator's id (`mpidp.commid`), as far as its members agree on it yet."""

@@ -79,6 +79,7 @@ class Persistent:
         entry = self.plan.call.entry
         if entry is not None:
             entry[flight.REQUEST] = self.request
+            self.plan.call.state.flight.started()
 
     @staticmethod
     def Startall(requests) -> None:  # noqa: N802

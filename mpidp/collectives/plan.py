@@ -231,6 +231,7 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
+            call.state.flight.started()
         try:
             request = Request(call.comm, self.algo(*self.args), self.tag, self.completed,
                               self.stager, self.free)
@@ -247,6 +248,7 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
+            call.state.flight.started()
         try:
             run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free)
         except BaseException as e:
