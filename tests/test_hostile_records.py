@@ -257,7 +257,9 @@ def test_a_mutated_record_is_refused_cleanly_or_diagnosed(data):
 FIELDS = {"seq": st.integers(-3, 6) | st.none(), "state": st.sampled_from(
     ["planned", "started", "complete", "failed", "timed out", "persistent"]),
     "round": st.integers(0, 5) | st.none(), "count": st.integers(0, 64) | st.lists(
-        st.integers(0, 9), max_size=4), "algorithm": st.sampled_from(
+        st.integers(0, 9), max_size=4) | st.lists(  # nested: an exact sum's (counts, addends)
+        st.integers(0, 9) | st.lists(st.integers(0, 9), max_size=3), max_size=3),
+    "algorithm": st.sampled_from(
         ["ring", "rabenseifner", "recursive_doubling", "naive", "ring+ring", "auto", "x"]),
     "collective": st.sampled_from(["allreduce", "bcast", "allgather", "reduce_scatter", "?"]),
     "root": st.integers(0, 3) | st.none(), "blocking": st.booleans(),
@@ -316,3 +318,24 @@ def test_a_splits_records_are_lined_up_by_the_numbers_its_members_know():
     assert d["cause"]["comm"] == ids[0], d["cause"]
     for parts in ([0, 0, 0], [1, 0, 2], [None, 3, None]):
         assert name_of("g1", parts) == commid.name_of("g1", parts)
+
+
+def test_a_real_exact_reduce_scatter_record_is_diagnosed(tmp_path):
+    """An exact reduce-scatter records its count as [per-rank counts, addends] (a list in a
+    list): the doctor diagnoses its record instead of raising (unhashable list)."""
+    from mpidp.collectives.api import ireduce_scatter_parts
+
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        parts = [np.ones(4), np.ones(4)]
+        ireduce_scatter_parts(comm, parts, np.zeros(4), [4], addends=2).wait()
+        flight.dump("test", where=str(tmp_path))
+    finally:
+        comm.Free()
+    rec = json.loads((tmp_path / f"flight-rank-{MPI.COMM_WORLD.rank}.json").read_text())
+    counts = [k.get("count") for c in rec["comms"] for k in c["calls"]]
+    assert any(isinstance(n, list) and any(isinstance(x, list) for x in n)
+               for n in counts), counts
+    p = doctor(tmp_path, "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["records"] == [MPI.COMM_WORLD.rank]

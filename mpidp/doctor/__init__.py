@@ -52,7 +52,8 @@ def signature(call: dict) -> tuple:
 
 
 def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
+    """`v` with its lists, at any depth, made tuples (an exact sum's count nests them)."""
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
 
 
 def describe(call: dict) -> str:

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from ..untrusted import InputError
 from . import Unreadable, diagnose, ranks_text, read, short
 
 
@@ -101,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, warnings = read(args.folder)
         d = diagnose(records, warnings)
-    except Unreadable as e:
+        if args.replay:
+            from . import replay
+
+            d["replay"] = replay.replay(records)
+    except (Unreadable, InputError) as e:  # one line naming the file and field
         print(f"mpidp.doctor: error: {e}", file=sys.stderr)
         return 2
-    if args.replay:
-        from . import replay
-
-        d["replay"] = replay.replay(records)
     if args.json:
         print(json.dumps(d, indent=1, default=str))
     else:
