@@ -28,12 +28,16 @@ process, and sets its stalls beside the records' (`mpidp.doctor.replay`).
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections import Counter, defaultdict
 
 from .records import Unreadable, read  # noqa: F401 (Unreadable: the doctor's error)
 
+# the most waits-for arrows the doctor draws: beyond, one line (a record within the schema's
+# bounds may claim 2^20 members waiting in each of 2^16 calls: 2^36 arrows)
+MAX_EDGES = 1 << 21
 SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
 IN_FLIGHT = ("planned", "started", "timed out")
 _MPIDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -89,6 +93,8 @@ class Comm:
         self.members: list[int] | None = None
         self.calls: dict[int, dict[int, dict]] = {}  # world rank -> seq -> call
         self.local: dict[int, int] = {}  # world rank -> its rank in this comm
+        self._reached: dict[int, int] | None = None
+        self._by_reached: list[tuple[int, int]] | None = None
 
     def world(self, local_rank: int) -> int:
         if self.members and local_rank < len(self.members):
@@ -96,8 +102,19 @@ class Comm:
         return local_rank  # (members that disagree across ranks are noted in `_comms`)
 
     def reached(self, rank: int) -> int:
-        """The highest number `rank` has called (-1: none recorded)."""
-        return max(self.calls.get(rank, {}), default=-1)
+        """The highest number `rank` has called (-1: none recorded), worked out once."""
+        if self._reached is None:
+            self._reached = {r: max(calls, default=-1) for r, calls in self.calls.items()}
+        return self._reached.get(rank, -1)
+
+    def short_of(self, seq: int, records) -> list[int]:
+        """The members that have not reached `seq` (or left no record), in rank order:
+        found by bisection over the members sorted by how far they got, once."""
+        if self._by_reached is None:
+            self._by_reached = sorted((self.reached(b) if b in records else -1, b)
+                                      for b in self.members or [])
+        return sorted(b for _, b in self._by_reached[:bisect.bisect_left(
+            self._by_reached, (seq, -1))])
 
 
 def _comms(records: dict[int, dict]) -> tuple[dict[str, Comm], list[str]]:
@@ -162,15 +179,19 @@ def _first_difference(comm: Comm, records) -> dict | None:
     """The first number on `comm` where the ranks' calls differ, or where some ranks wait
     in a collective others never reached."""
     present = [r for r in (comm.members or sorted(comm.calls)) if r in records]
-    seqs = sorted({s for calls in comm.calls.values() for s in calls})
-    for s in seqs:
-        have = {r: comm.calls[r][s] for r in present if s in comm.calls.get(r, {})}
+    at: dict[int, dict[int, dict]] = defaultdict(dict)  # seq -> rank -> call: built once
+    for r in present:
+        for s, call in comm.calls.get(r, {}).items():
+            at[s][r] = call
+    lowest = min((comm.reached(r) for r in present), default=-1)
+    for s in sorted(at):
+        have = dict(sorted(at[s].items()))
         groups = defaultdict(list)
         for r, call in have.items():
             groups[signature(call)].append(r)
-        behind = [r for r in present if comm.reached(r) < s]
         waiting = [r for r, call in have.items() if call.get("state") in IN_FLIGHT]
-        if len(groups) > 1 or (behind and waiting):
+        if len(groups) > 1 or (lowest < s and waiting):
+            behind = [r for r in present if comm.reached(r) < s]
             return {"comm": comm.id, "seq": s, "behind": behind, "waiting": waiting,
                     "groups": [{"ranks": rs, "call": describe(have[rs[0]]),
                                 # (a call that raised before its signature has none)
@@ -182,8 +203,12 @@ def _first_difference(comm: Comm, records) -> dict | None:
 
 
 def _graph(records, comms, flight) -> list[dict]:
+    """The waits-for arrows; Unreadable beyond `MAX_EDGES` of them."""
     edges = []
     for call in flight:
+        if len(edges) > MAX_EDGES:
+            raise Unreadable(f"the records' calls in flight wait for more than {MAX_EDGES} "
+                             "ranks in all: more than the doctor draws")
         comm = comms[call["comm"]]
         a, label = call["rank"], f"{call.get('collective', '?')} #{call['seq']}"
         if call["comm"] != "world":
@@ -196,8 +221,8 @@ def _graph(records, comms, flight) -> list[dict]:
                               "round": rnd, "kind": m["kind"],
                               "label": f"{label} round {rnd}"})
         else:  # no round known: it waits for every member that has not reached it
-            for b in comm.members or []:
-                if b != a and (b not in records or comm.reached(b) < (call["seq"] or 0)):
+            for b in comm.short_of(call["seq"] or 0, records):
+                if b != a:
                     edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
                                   "round": None, "kind": "not reached",
                                   "label": f"{label} (not reached)"})
@@ -333,7 +358,8 @@ def _cause(d, comms, failed) -> dict:
     waited = {e["to"] for e in d["edges"]}
     dead = [r for r in d["missing"] if r in waited] or d["missing"]
     if dead:
-        ws = [e for e in d["edges"] if e["to"] in dead]
+        dead_set = set(dead)
+        ws = [e for e in d["edges"] if e["to"] in dead_set]
         e = ws[0] if ws else None
         text = (f"{ranks_text(dead)} left no record (killed, or died before writing one)"
                 + (f"; {ranks_text({x['from'] for x in ws})} "
