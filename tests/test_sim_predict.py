@@ -171,3 +171,14 @@ def test_the_drawing_keeps_the_arrows_of_overlapping_pairs_apart():
             for b in lane:
                 if a != b and lane[a] == lane[b]:
                     assert a[1] < b[0] or b[1] < a[0], (a, b, lane)  # rows never shared
+
+
+def test_draw_to_a_fifo_is_one_line_not_a_hang(tmp_path):
+    """`draw -o` writes by the one writer: a FIFO at the name is refused in one line (exit
+    2), not opened and waited on for a reader that never comes."""
+    fifo = tmp_path / "x.png"
+    os.mkfifo(fifo)
+    p = subprocess.run([sys.executable, "-m", "mpidp.sim", "draw", "ring", "--ranks", "3",
+                        "-o", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and str(fifo) in p.stderr, \
+        (p.returncode, p.stderr[-2000:])
