@@ -377,6 +377,7 @@ def _at_exit() -> None:
         for r in list(_recorders):  # the ids' numbers that arrived: their requests done
             r.comm_id  # noqa: B018 - (the property takes them in)
         left = unfinished()
+        commid.cancel_all()  # the ids' receives for numbers that never came
     except Exception:  # noqa: BLE001 - the program is ending: say nothing rather than fail
         return
     if left:
