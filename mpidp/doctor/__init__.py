@@ -33,11 +33,9 @@ import os
 import re
 from collections import Counter, defaultdict
 
+from .graph import MAX_EDGES, arrows, cycles  # noqa: F401 (MAX_EDGES: its bound)
 from .records import Unreadable, read  # noqa: F401 (Unreadable: the doctor's error)
 
-# the most waits-for arrows the doctor draws: beyond, one line (a record within the schema's
-# bounds may claim 2^20 members waiting in each of 2^16 calls: 2^36 arrows)
-MAX_EDGES = 1 << 21
 SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
 IN_FLIGHT = ("planned", "started", "timed out")
 _MPIDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -202,103 +200,6 @@ def _first_difference(comm: Comm, records) -> dict | None:
     return None
 
 
-def _graph(records, comms, flight) -> list[dict]:
-    """The waits-for arrows; Unreadable beyond `MAX_EDGES` of them."""
-    edges = []
-    for call in flight:
-        if len(edges) > MAX_EDGES:
-            raise Unreadable(f"the records' calls in flight wait for more than {MAX_EDGES} "
-                             "ranks in all: more than the doctor draws")
-        comm = comms[call["comm"]]
-        a, label = call["rank"], f"{call.get('collective', '?')} #{call['seq']}"
-        if call["comm"] != "world":
-            label += f" on {call['comm']}"
-        if "pending" in call:
-            rnd = call.get("round")
-            for m in call["pending"]:
-                b = comm.world(m["peer"])
-                edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
-                              "round": rnd, "kind": m["kind"],
-                              "label": f"{label} round {rnd}"})
-        else:  # no round known: it waits for every member that has not reached it
-            for b in comm.short_of(call["seq"] or 0, records):
-                if b != a:
-                    edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
-                                  "round": None, "kind": "not reached",
-                                  "label": f"{label} (not reached)"})
-    seen, unique = set(), []
-    for e in edges:
-        key = (e["from"], e["to"], e["label"])
-        if key not in seen:
-            seen.add(key)
-            unique.append(e)
-    return unique
-
-
-def _cycles(nodes, edges) -> list[list[int]]:
-    """A cycle of waits in each strongly connected part with more than one rank (Tarjan's,
-    without recursion: a chain of thousands of waits is a chain of records), each the
-    ranks in the order the waits go, every step an edge: a -> b -> ... -> a."""
-    succ = defaultdict(set)
-    for e in edges:
-        succ[e["from"]].add(e["to"])
-    index, low, stack, on, parts = {}, {}, [], set(), []
-    for root in sorted(nodes):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        work = [(root, iter(sorted(succ[root])))]
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(succ[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                part = set()
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    part.add(w)
-                    if w == v:
-                        break
-                if len(part) > 1 or v in succ[v]:
-                    parts.append(part)
-    return sorted((_cycle_in(part, succ) for part in parts), key=lambda c: c[0])
-
-
-def _cycle_in(part: set, succ) -> list[int]:
-    """The shortest cycle through the part's lowest rank, along its edges (breadth first)."""
-    start = min(part)
-    came: dict[int, int] = {}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(succ[v] & part):
-                if w == start:
-                    path = [v]
-                    while path[-1] != start:
-                        path.append(came[path[-1]])
-                    return path[::-1]
-                if w not in came:
-                    came[w] = v
-                    nxt.append(w)
-        frontier = nxt
-    return [start]  # (not reached: the part is strongly connected)
-
-
 def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dict:
     """The diagnosis as data: the cause first, then the evidence. `warnings`: what reading
     the folder set aside (another job's records), printed above the cause."""
@@ -309,9 +210,9 @@ def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dic
     if len(jobs) > 1:
         notes.append(f"the records come from different jobs: {', '.join(jobs)}")
     flight = _in_flight(records)
-    edges = _graph(records, comms, flight)
+    edges = arrows(records, comms, flight)
     nodes = set(range(size))
-    cycles = _cycles(nodes, edges)
+    found = cycles(nodes, edges)
     waiting_on = Counter(e["to"] for e in edges)
     out_of = {e["from"] for e in edges}
     roots = sorted(b for b in waiting_on if b not in out_of)
@@ -325,7 +226,7 @@ def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dic
               if "failed:" in rec.get("reason", "") and "TimeoutError" not in rec["reason"]}
     d = {"size": size, "records": sorted(records), "missing": missing, "jobs": jobs,
          "first_difference": first[0] if first else None, "differences": first,
-         "in_flight": flight, "edges": edges, "cycles": cycles, "roots": roots,
+         "in_flight": flight, "edges": edges, "cycles": found, "roots": roots,
          "where": wheres, "raised": raised, "notes": notes, "warnings": list(warnings or [])}
     d["cause"] = _cause(d, comms, failed)
     return d
