@@ -346,7 +346,8 @@ def record(reason: str, error: BaseException | None = None) -> dict:
                       **({"parts": list(agreement.parts)} if agreement else {}),
                       "calls": [_entry(e, frames.values()) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
-            "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "ppid": os.getppid(), "reason": reason,
             "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames),
             "exception": _exception(error)}
 

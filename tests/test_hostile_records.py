@@ -402,3 +402,19 @@ def test_a_folder_of_more_bytes_than_the_doctor_reads_is_one_line(tmp_path, monk
     monkeypatch.setattr(records, "FOLDER_MAX_BYTES", size)
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([str(tmp_path)]) == 0
+
+
+def test_records_without_a_job_id_say_so_and_another_runs_are_set_aside(tmp_path):
+    """No job id (plain mpiexec under MPICH): a note says so at the top; a record from
+    the same host under another launcher process (its parent pid: one per host and job)
+    is another run's, set aside, so it never stands in for this run's rank 2."""
+    recs = job(3, job_id=None, t=5.0)
+    for r, rec in recs.items():
+        rec.update(host="vm", pid=100 + r, ppid=99)
+    recs[2].update(ppid=42, pid=7, time=1.0)  # an earlier run's rank 2
+    write(tmp_path, recs)
+    p = doctor(tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    head = p.stdout.splitlines()[:2]
+    assert "no job id" in head[0] and "flight-rank-2.json" in head[1], head
+    assert "rank 2 left no record" in p.stdout, p.stdout[:2000]

@@ -78,10 +78,11 @@ THREAD = Record({"name": Text(), "main": Bool(), "dumping": Bool(),
 RECORD = Record({
     "version": Int(1, 1), "job": Optional(Text(1024)), "rank": _rank,
     "size": Int(1, MAX_RANKS), "host": Optional(Text(1024)), "pid": Optional(Int(0, 1 << 31)),
-    "reason": _long, "time": Num(), "keep": Int(0, config.FLIGHT_MAX),
+    "ppid": Optional(Int(0, 1 << 31)), "reason": _long, "time": Num(),
+    "keep": Int(0, config.FLIGHT_MAX),
     "comms": List(COMM, 1 << 14), "threads": List(THREAD, 1 << 12),
     "exception": Optional(Record({"type": Text(), "text": _long, "stack": List(FRAME, 1 << 16)})),
-}, optional=frozenset({"version", "job", "host", "pid", "reason", "time", "keep",
+}, optional=frozenset({"version", "job", "host", "pid", "ppid", "reason", "time", "keep",
                        "exception"}))
 
 
@@ -152,6 +153,11 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
             names = ", ".join(os.path.basename(p) for p, _ in sorted(recs.values()))
             notes.append(f"set aside {len(recs)} record(s) of another, earlier job ({job}): "
                          f"{names}; this is job {newest}")
+    if newest is None:
+        notes.insert(0, "the records carry no job id (no SLURM, PMIx or Open MPI variable: "
+                        "plain mpiexec under MPICH): another run's records are told apart "
+                        "by host and launcher (parent) pid only")
+        notes[1:1] = _another_run(by_job[None])
     records = {r: rec for r, (_, rec) in by_job[newest].items()}
     sizes = {rec["size"] for rec in records.values()}
     if len(sizes) > 1:
@@ -159,6 +165,27 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
         raise Unreadable(f"{path}: size: the records of job {newest} say {sorted(sizes)} ranks")
     unify(records)
     return records, notes
+
+
+def _another_run(recs: dict) -> list[str]:
+    """Set aside (from `recs`, rank -> (path, record), in place) the records of a host
+    whose parent pid (the launcher's proxy: one per host and run) is not that of the
+    host's newest record: another run's. The notes that say which."""
+    newest: dict = {}
+    for _, rec in recs.values():
+        host = rec.get("host")
+        if rec.get("ppid") is not None and (host not in newest or rec.get("time", 0.0)
+                                            > newest[host].get("time", 0.0)):
+            newest[host] = rec
+    odd = sorted((path, r) for r, (path, rec) in recs.items() if rec.get("ppid") is not None
+                 and rec["ppid"] != newest[rec.get("host")]["ppid"])
+    for _, r in odd:
+        del recs[r]
+    if not odd:
+        return []
+    names = ", ".join(os.path.basename(p) for p, _ in odd)
+    return [f"set aside {len(odd)} record(s) of another, earlier run (another launcher "
+            f"process on its host): {names}"]
 
 
 def name_of(key: str, parts: list) -> str:
