@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 import zlib
 
 import numpy as np
@@ -75,6 +76,7 @@ class Agreement:
         self._recvs: dict | None = None  # posted by `post`
         self._lock = threading.Lock()  # the main thread's calls and a dump's
         self.done = not self._bufs
+        _open.add(self)
 
     def post(self) -> None:
         """Send this rank's number and post the receives of the others': at the first
@@ -101,8 +103,32 @@ class Agreement:
             self._lock.release()
         return self.done
 
+    def cancel(self) -> None:
+        """Cancel the receives still posted (numbers that never came: a member that never
+        used the communicator), so none is left at MPI_Finalize, nor on the tag for a
+        program's own ANY_TAG receive to take. The sends are left to complete."""
+        with self._lock:
+            for req in self._recvs.values():
+                try:
+                    req.Cancel()
+                    req.Test()  # (completes the cancelled request)
+                except Exception:  # noqa: BLE001 - at exit: a request MPI already freed
+                    pass
+            self._recvs = {}
+
     def name(self) -> str:
         return name_of(self.key, self.parts)
+
+
+_open: weakref.WeakSet = weakref.WeakSet()  # the agreements made: `cancel_all` ends theirs
+
+
+def cancel_all() -> None:
+    """`Agreement.cancel` for every agreement whose numbers have not all arrived (at exit,
+    before MPI_Finalize: flight's at-exit hook)."""
+    for agreement in list(_open):
+        if not agreement.progress():
+            agreement.cancel()
 
 
 _idkey = MPI.Comm.Create_keyval(copy_fn=_copy)

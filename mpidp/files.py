@@ -62,10 +62,11 @@ _TEMP_PREFIX, _TEMP_SUFFIX = ".{}.", ".tmp"  # mkstemp puts 8 random characters 
 
 
 def replace(path: str, write: Callable[[IO], None], text: bool = False,
-            follow: bool = True) -> None:
+            follow: bool = True, mode: int | None = None) -> None:
     """Write `path` atomically: `write(f)` fills a fresh temporary file beside the target,
     which is then renamed over it (WriteError on any failure; the old file stays).
-    `follow=False`: a symlink at `path` is replaced, not followed."""
+    `follow=False`: a symlink at `path` is replaced, not followed. `mode`: the new file's
+    permissions (None: the old file's, or 0666 less the umask for a new one)."""
     real = target(path, follow)
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
@@ -80,7 +81,9 @@ def replace(path: str, write: Callable[[IO], None], text: bool = False,
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the name points at it
-        if os.path.exists(real) and (follow or not os.path.islink(real)):
+        if mode is not None:
+            os.chmod(tmp, mode)
+        elif os.path.exists(real) and (follow or not os.path.islink(real)):
             # keep the old file's permissions, not mkstemp's 0600
             os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
         else:
@@ -108,7 +111,8 @@ def write_text(path: str, content: str) -> None:
 def append_line(path: str, line: str) -> None:
     """Append `line` (a newline is added) to the text file `path`, created if missing;
     after a cut-off last line, on a fresh line. WriteError for a link or non-regular file."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    # read and write: the last byte is read through this descriptor, not the name again
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(os.path.expanduser(path), flags, 0o666)
     except OSError as e:
@@ -119,7 +123,7 @@ def append_line(path: str, line: str) -> None:
         if not stat.S_ISREG(info.st_mode):
             raise WriteError(f"{path}: not a regular file: refused")
         text = line.rstrip("\n") + "\n"
-        if info.st_size and not _ends_with_newline(path):
+        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
             text = "\n" + text  # the last row was cut off: start a fresh line
         os.write(fd, text.encode())
     except WriteError:
@@ -135,12 +139,6 @@ def _error(message: str, cause: OSError) -> WriteError:
     error = WriteError(message)
     error.errno = cause.errno  # callers may tell ENOSPC or ENAMETOOLONG apart
     return error
-
-
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 def _remove(tmp: str) -> None:

@@ -351,7 +351,8 @@ def record(reason: str, error: BaseException | None = None) -> dict:
                       **({"parts": list(agreement.parts)} if agreement else {}),
                       "calls": [_entry(e, frames.values()) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
-            "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "ppid": os.getppid(), "reason": reason,
             "time": time.time(), "keep": keep(), "comms": comms, "threads": _stacks(frames),
             "exception": _exception(error)}
 
@@ -382,6 +383,7 @@ def _at_exit() -> None:
         for r in list(_recorders):  # the ids' numbers that arrived: their requests done
             r.comm_id  # noqa: B018 - (the property takes them in)
         left = unfinished()
+        commid.cancel_all()  # the ids' receives for numbers that never came
     except Exception:  # noqa: BLE001 - the program is ending: say nothing rather than fail
         return
     if left:

@@ -511,3 +511,23 @@ def test_resuming_at_max_steps_runs_no_more_step(tmp_path, capsys):
     assert code == 0, err
     assert out.startswith("train_mlp.py: nothing to do: ") and "--max-steps 3" in out, out
     assert len(out.splitlines()) == 1 and ck.read_bytes() == saved
+
+
+@pytest.mark.parametrize("state, says", [({"epoch": 0, "step": 9}, "past the 4 steps"),
+                                         ({"epoch": 1, "step": 0}, "optim/steps 3")])
+def test_a_refused_resume_leaves_the_model_and_optimizer_unchanged(tmp_path, state, says):
+    """resume's own checks (the step within an epoch, the optimizer's step count) refuse
+    before anything is loaded: the model and optimizer are as they were."""
+    from mpidp.training.resume import resume
+
+    path = str(tmp_path / "ck.npz")
+    model, opt = trained()
+    save(path, model, opt, state)
+    fresh = MLP([6, 5, 3], dtype="float64", seed=99)
+    fresh_opt = SGD(fresh.params, fresh.grads, lr=0.1, momentum=0.9, weight_decay=0.01)
+    before = {k: v.copy() for k, v in fresh.params.items()}
+    with pytest.raises(CheckpointError, match=says):
+        resume(path, fresh, fresh_opt, None, 4)
+    for k in before:
+        assert np.array_equal(fresh.params[k], before[k]), k
+    assert fresh_opt.steps == 0 and not any(np.any(v) for v in fresh_opt.velocity.values())

@@ -712,3 +712,23 @@ if __name__ == "__main__":
         rank_placed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "fault":
         rank_fault(sys.argv[2], sys.argv[3])
+
+
+def test_the_launcher_is_written_by_the_one_writer_no_link_followed(tmp_path):
+    """A link planted at the launcher's old temporary name (launcher.sh.tmp) is neither
+    followed nor made executable; the launcher itself is written whole, mode 0755."""
+    import stat
+    import types
+
+    from mpidp.cluster import Cluster
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.chmod(victim, 0o600)
+    os.symlink(victim, tmp_path / "launcher.sh.tmp")
+    fake = types.SimpleNamespace(addresses=["10.0.0.1"], namespaces=["ns0"],
+                                 launcher=str(tmp_path / "launcher.sh"))
+    Cluster._write_launcher(fake)
+    assert victim.read_text() == "keep" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(fake.launcher).st_mode) == 0o755
+    assert "10.0.0.1) ns=ns0" in open(fake.launcher).read()

@@ -328,7 +328,7 @@ def test_a_plot_it_cannot_write_is_one_line_and_exit_2_before_any_work(where, tm
 def test_a_cycle_is_printed_along_waits_the_edge_list_holds():
     """The strongly connected part {0, 1, 2} of 0 <-> 1 <-> 2 used to print as
     0 -> 1 -> 2 -> 0, through a wait 2 -> 0 that is not there."""
-    from mpidp.doctor import _cycles
+    from mpidp.doctor.graph import cycles as _cycles
 
     edges = [{"from": a, "to": b} for a, b in ((0, 1), (1, 0), (1, 2), (2, 1))]
     (cycle,) = _cycles(range(3), edges)

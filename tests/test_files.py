@@ -130,3 +130,40 @@ def test_append_line_refuses_a_link_and_a_fifo_without_blocking(tmp_path):
     with pytest.raises(WriteError):
         files.append_line(str(tmp_path / "fifo"), "row")
     assert (tmp_path / "real").read_text() == ""
+
+
+def test_append_line_reads_the_last_byte_through_its_descriptor(tmp_path, monkeypatch):
+    """The name is swapped for a FIFO between append_line's open and its look at the last
+    byte: the look is through the descriptor it opened (a reopen by name would block on
+    the FIFO, no writer ever coming), and the row lands in the file it opened."""
+    import threading
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"cut": ')
+    real_open = os.open
+
+    def open_then_swap(name, flags, *a):
+        fd = real_open(name, flags, *a)
+        if os.fspath(name) == str(path):
+            os.rename(path, tmp_path / "moved")
+            os.mkfifo(path)
+        return fd
+
+    monkeypatch.setattr(files.os, "open", open_then_swap)
+    done = threading.Thread(target=files.append_line, args=(str(path), "row"), daemon=True)
+    done.start()
+    done.join(10)
+    monkeypatch.undo()
+    if done.is_alive():  # unblock the reopen so the thread ends, then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("append_line reopened the file by name and blocked on a FIFO")
+    assert (tmp_path / "moved").read_text() == '{"cut": \nrow\n'
+
+
+def test_replace_gives_the_mode_asked_for(tmp_path):
+    path = tmp_path / "run.sh"
+    path.write_text("old")
+    os.chmod(path, 0o600)
+    files.replace(str(path), lambda f: f.write("#!/bin/sh\n"), text=True, follow=False,
+                  mode=0o755)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755 and path.read_text() == "#!/bin/sh\n"

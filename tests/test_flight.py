@@ -292,3 +292,47 @@ def test_a_request_never_waited_on_is_named_at_exit(tmp_path, mpiexec):
         line = next(x for x in lines if x.startswith(f"mpidp: rank {r} of 2: at exit, "))
         assert f"allreduce #1 on world.0 (called at {script}:8) was started and never " \
                "completed (its request never waited on)" in line, line
+
+
+class _Req:
+    def __init__(self, done: bool):
+        self.done, self.cancelled = done, False
+
+    def Test(self):  # noqa: N802 - mpi4py's name
+        return self.done
+
+    def Cancel(self):  # noqa: N802
+        self.cancelled = self.done = True
+
+
+class _TwoRanks:
+    """A communicator of 2 whose other member never uses it: its number never arrives."""
+
+    def __init__(self):
+        self.recvs = []
+
+    def Get_size(self):  # noqa: N802
+        return 2
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def Isend(self, buf, dest, tag):  # noqa: N802
+        return _Req(True)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.recvs.append(_Req(False))
+        return self.recvs[-1]
+
+
+def test_an_agreements_receives_still_posted_at_exit_are_cancelled():
+    """A Split communicator's other member never used it: the receive of its number stays
+    posted; flight's at-exit hook cancels it before MPI_Finalize (no pending request left
+    for a user's ANY_TAG receive to take, nor for MPI to complain of)."""
+    from mpidp import commid
+
+    comm = _TwoRanks()
+    agreement = commid.Agreement(comm, "gdeadbeef", 0, 7)
+    assert not agreement.progress() and not comm.recvs[0].cancelled
+    flight._at_exit()
+    assert comm.recvs[0].cancelled and agreement.parts == [0, None]

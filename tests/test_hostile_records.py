@@ -257,7 +257,9 @@ def test_a_mutated_record_is_refused_cleanly_or_diagnosed(data):
 FIELDS = {"seq": st.integers(-3, 6) | st.none(), "state": st.sampled_from(
     ["planned", "started", "complete", "failed", "timed out", "persistent"]),
     "round": st.integers(0, 5) | st.none(), "count": st.integers(0, 64) | st.lists(
-        st.integers(0, 9), max_size=4), "algorithm": st.sampled_from(
+        st.integers(0, 9), max_size=4) | st.lists(  # nested: an exact sum's (counts, addends)
+        st.integers(0, 9) | st.lists(st.integers(0, 9), max_size=3), max_size=3),
+    "algorithm": st.sampled_from(
         ["ring", "rabenseifner", "recursive_doubling", "naive", "ring+ring", "auto", "x"]),
     "collective": st.sampled_from(["allreduce", "bcast", "allgather", "reduce_scatter", "?"]),
     "root": st.integers(0, 3) | st.none(), "blocking": st.booleans(),
@@ -316,3 +318,103 @@ def test_a_splits_records_are_lined_up_by_the_numbers_its_members_know():
     assert d["cause"]["comm"] == ids[0], d["cause"]
     for parts in ([0, 0, 0], [1, 0, 2], [None, 3, None]):
         assert name_of("g1", parts) == commid.name_of("g1", parts)
+
+
+def test_a_real_exact_reduce_scatter_record_is_diagnosed(tmp_path):
+    """An exact reduce-scatter records its count as [per-rank counts, addends] (a list in a
+    list): the doctor diagnoses its record instead of raising (unhashable list)."""
+    from mpidp.collectives.api import ireduce_scatter_parts
+
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        parts = [np.ones(4), np.ones(4)]
+        ireduce_scatter_parts(comm, parts, np.zeros(4), [4], addends=2).wait()
+        flight.dump("test", where=str(tmp_path))
+    finally:
+        comm.Free()
+    rec = json.loads((tmp_path / f"flight-rank-{MPI.COMM_WORLD.rank}.json").read_text())
+    counts = [k.get("count") for c in rec["comms"] for k in c["calls"]]
+    assert any(isinstance(n, list) and any(isinstance(x, list) for x in n)
+               for n in counts), counts
+    p = doctor(tmp_path, "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["records"] == [MPI.COMM_WORLD.rank]
+
+
+def _calls(n: int, state: str = "complete") -> list[dict]:
+    small = {k: CALL[k] for k in ("state", "t", "collective", "count", "dtype", "op")}
+    return [dict(small, seq=s, state=state) for s in range(n)]
+
+
+def test_many_calls_on_each_rank_are_diagnosed_in_time(tmp_path):
+    """4 ranks of 65536 calls each (MPIDP_FLIGHT at its bound): in time, not in
+    a time quadratic in the calls (each seq looking over every rank's calls again)."""
+    N = 1 << 16
+    recs = job(4, calls=lambda r: _calls(N - 1 - r) + [dict(_calls(1)[0], seq=N - 1 - r,
+                                                                state="started")])
+    write(tmp_path, recs)
+    p = doctor(tmp_path, "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["first_difference"]["seq"] == N - 3
+
+
+def test_a_wide_job_of_few_records_is_diagnosed_in_time(tmp_path):
+    """One record of a 65536-rank job, 4 calls started with no round known (so waiting for
+    every other member): the ranks without a record are found in time."""
+    n = 1 << 16
+    rec = copy.deepcopy(BASE)
+    rec.update(rank=0, size=n, job="job:wide", time=1.0, exception=None)
+    rec["comms"] = [{"id": "world", "how": "creation", "size": n, "rank": 0,
+                     "members": list(range(n)), "calls": _calls(4, "started")}]
+    write(tmp_path, {0: rec})
+    p = doctor(tmp_path, "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    assert d["cause"]["kind"] == "killed" and len(d["cause"]["ranks"]) == n - 1, d["cause"]
+
+
+def test_more_waits_than_the_doctor_draws_are_one_line(tmp_path):
+    """A record within the schema's bounds (2^20 members, 4 calls in flight with no round,
+    so each waits for every other member) asks for 4 * 2^20 arrows: refused in one line,
+    not drawn until the memory runs out."""
+    n = 1 << 20
+    rec = copy.deepcopy(BASE)
+    rec.update(rank=0, size=n, job="job:wide", time=1.0, exception=None)
+    rec["comms"] = [{"id": "world", "how": "creation", "size": n, "rank": 0,
+                     "members": list(range(n)), "calls": _calls(4, "started")}]
+    write(tmp_path, {0: rec})
+    one_line_exit_2(doctor(tmp_path, "--json"), "wait for more than")
+
+
+def test_a_folder_of_more_bytes_than_the_doctor_reads_is_one_line(tmp_path, monkeypatch):
+    """The records of a folder are read up to FOLDER_MAX_BYTES together (each file is
+    bounded, their number is not): beyond, one line naming the file it stopped at."""
+    from mpidp.doctor import records
+
+    write(tmp_path, job(3))
+    size = sum(f.stat().st_size for f in tmp_path.iterdir())
+    monkeypatch.setattr(records, "FOLDER_MAX_BYTES", size - 1)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path)]) == 2
+    assert err.getvalue().count("\n") == 1 and "flight-rank-2.json" in err.getvalue(), \
+        err.getvalue()
+    monkeypatch.setattr(records, "FOLDER_MAX_BYTES", size)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path)]) == 0
+
+
+def test_records_without_a_job_id_say_so_and_another_runs_are_set_aside(tmp_path):
+    """No job id (plain mpiexec under MPICH): a note says so at the top; a record from
+    the same host under another launcher process (its parent pid: one per host and job)
+    is another run's, set aside, so it never stands in for this run's rank 2."""
+    recs = job(3, job_id=None, t=5.0)
+    for r, rec in recs.items():
+        rec.update(host="vm", pid=100 + r, ppid=99)
+    recs[2].update(ppid=42, pid=7, time=1.0)  # an earlier run's rank 2
+    write(tmp_path, recs)
+    p = doctor(tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    head = p.stdout.splitlines()[:2]
+    assert "no job id" in head[0] and "flight-rank-2.json" in head[1], head
+    assert "rank 2 left no record" in p.stdout, p.stdout[:2000]

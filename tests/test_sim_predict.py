@@ -192,3 +192,14 @@ def test_compare_with_a_file_that_is_not_a_benchmark_is_one_line_and_exit_2(
     assert main(["predict", "--compare", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_draw_to_a_fifo_is_one_line_not_a_hang(tmp_path):
+    """`draw -o` writes by the one writer: a FIFO at the name is refused in one line (exit
+    2), not opened and waited on for a reader that never comes."""
+    fifo = tmp_path / "x.png"
+    os.mkfifo(fifo)
+    p = subprocess.run([sys.executable, "-m", "mpidp.sim", "draw", "ring", "--ranks", "3",
+                        "-o", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and str(fifo) in p.stderr, \
+        (p.returncode, p.stderr[-2000:])

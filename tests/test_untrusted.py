@@ -41,9 +41,11 @@ def _valid(value, schema) -> bool:
         return type(value) is int and schema.lo <= value <= schema.hi
     if isinstance(schema, u.Num):
         return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and (not schema.finite or math.isfinite(value)))
+                and (not schema.finite or math.isfinite(value))
+                and (math.isnan(value) or schema.lo <= value <= schema.hi))
     if isinstance(schema, u.Text):
-        return isinstance(value, str) and len(value) <= schema.max_len
+        return (isinstance(value, str) and len(value) <= schema.max_len
+                and (schema.choices is None or value in schema.choices))
     if isinstance(schema, u.Bool):
         return isinstance(value, bool)
     if isinstance(schema, u.Null):
@@ -54,7 +56,8 @@ def _valid(value, schema) -> bool:
         return any(_valid(value, o) for o in schema.options)
     if isinstance(schema, u.Record):
         return isinstance(value, dict) and all(
-            _valid(value[k], s) for k, s in schema.fields.items() if k in value)
+            _valid(value[k], s) if k in value else k in schema.optional
+            for k, s in schema.fields.items())
     return True
 
 
@@ -65,6 +68,22 @@ def test_a_random_value_is_checked_or_refused_in_one_line(value, schema):
         out = u.check(value, schema, "f.json: x")
     except InputError as e:
         assert str(e).startswith("f.json: x") and "\n" not in str(e)
+    else:
+        assert _valid(out, schema), out
+
+
+NUMS = st.integers(-3, 3) | st.floats(-3, 3) | st.floats(allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=NUMS, schema=st.sampled_from([u.Num(-1, 1), u.Num(0), u.Num(finite=False),
+                                           u.Int(-1, 1)]))
+def test_a_number_is_checked_against_its_bounds(value, schema):
+    """Numbers near and beyond the bounds, so the oracle's range check is exercised."""
+    try:
+        out = u.check(value, schema, "n")
+    except InputError as e:
+        assert str(e).startswith("n: ") and "\n" not in str(e)
     else:
         assert _valid(out, schema), out
 

@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 
+from .. import files
 from .lock import Lock
 
 PREFIX = "mpidpc"  # distinctive: nothing else on the machine is called this
@@ -271,11 +272,10 @@ class Cluster:
         cases = "\n".join(f"    {addr}) ns={ns} ;;"
                           for addr, ns in zip(self.addresses, self.namespaces, strict=True))
         text = LAUNCHER.format(cases=cases, ip=shutil.which("ip"))
-        tmp = self.launcher + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, self.launcher)
+        # by the one writer (a fresh temporary name, no link followed), then executable:
+        # the name is only renamed into place, so no one else's file is made 0755
+        files.replace(self.launcher, lambda f: f.write(text), text=True, follow=False,
+                      mode=0o755)
 
     # ------------------------------------------------------------ faults
 

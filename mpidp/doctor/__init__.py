@@ -28,10 +28,12 @@ process, and sets its stalls beside the records' (`mpidp.doctor.replay`).
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections import Counter, defaultdict
 
+from .graph import MAX_EDGES, arrows, cycles  # noqa: F401 (MAX_EDGES: its bound)
 from .records import Unreadable, read  # noqa: F401 (Unreadable: the doctor's error)
 
 SIG_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root")
@@ -52,7 +54,8 @@ def signature(call: dict) -> tuple:
 
 
 def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
+    """`v` with its lists, at any depth, made tuples (an exact sum's count nests them)."""
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
 
 
 def describe(call: dict) -> str:
@@ -88,6 +91,8 @@ class Comm:
         self.members: list[int] | None = None
         self.calls: dict[int, dict[int, dict]] = {}  # world rank -> seq -> call
         self.local: dict[int, int] = {}  # world rank -> its rank in this comm
+        self._reached: dict[int, int] | None = None
+        self._by_reached: list[tuple[int, int]] | None = None
 
     def world(self, local_rank: int) -> int:
         if self.members and local_rank < len(self.members):
@@ -95,8 +100,19 @@ class Comm:
         return local_rank  # (members that disagree across ranks are noted in `_comms`)
 
     def reached(self, rank: int) -> int:
-        """The highest number `rank` has called (-1: none recorded)."""
-        return max(self.calls.get(rank, {}), default=-1)
+        """The highest number `rank` has called (-1: none recorded), worked out once."""
+        if self._reached is None:
+            self._reached = {r: max(calls, default=-1) for r, calls in self.calls.items()}
+        return self._reached.get(rank, -1)
+
+    def short_of(self, seq: int, records) -> list[int]:
+        """The members that have not reached `seq` (or left no record), in rank order:
+        found by bisection over the members sorted by how far they got, once."""
+        if self._by_reached is None:
+            self._by_reached = sorted((self.reached(b) if b in records else -1, b)
+                                      for b in self.members or [])
+        return sorted(b for _, b in self._by_reached[:bisect.bisect_left(
+            self._by_reached, (seq, -1))])
 
 
 def _comms(records: dict[int, dict]) -> tuple[dict[str, Comm], list[str]]:
@@ -161,15 +177,19 @@ def _first_difference(comm: Comm, records) -> dict | None:
     """The first number on `comm` where the ranks' calls differ, or where some ranks wait
     in a collective others never reached."""
     present = [r for r in (comm.members or sorted(comm.calls)) if r in records]
-    seqs = sorted({s for calls in comm.calls.values() for s in calls})
-    for s in seqs:
-        have = {r: comm.calls[r][s] for r in present if s in comm.calls.get(r, {})}
+    at: dict[int, dict[int, dict]] = defaultdict(dict)  # seq -> rank -> call: built once
+    for r in present:
+        for s, call in comm.calls.get(r, {}).items():
+            at[s][r] = call
+    lowest = min((comm.reached(r) for r in present), default=-1)
+    for s in sorted(at):
+        have = dict(sorted(at[s].items()))
         groups = defaultdict(list)
         for r, call in have.items():
             groups[signature(call)].append(r)
-        behind = [r for r in present if comm.reached(r) < s]
         waiting = [r for r, call in have.items() if call.get("state") in IN_FLIGHT]
-        if len(groups) > 1 or (behind and waiting):
+        if len(groups) > 1 or (lowest < s and waiting):
+            behind = [r for r in present if comm.reached(r) < s]
             return {"comm": comm.id, "seq": s, "behind": behind, "waiting": waiting,
                     "groups": [{"ranks": rs, "call": describe(have[rs[0]]),
                                 # (a call that raised before its signature has none)
@@ -178,99 +198,6 @@ def _first_difference(comm: Comm, records) -> dict | None:
                                 "states": sorted({have[r]["state"] for r in rs})}
                                for rs in sorted(groups.values(), key=lambda g: (-len(g), g))]}
     return None
-
-
-def _graph(records, comms, flight) -> list[dict]:
-    edges = []
-    for call in flight:
-        comm = comms[call["comm"]]
-        a, label = call["rank"], f"{call.get('collective', '?')} #{call['seq']}"
-        if call["comm"] != "world":
-            label += f" on {call['comm']}"
-        if "pending" in call:
-            rnd = call.get("round")
-            for m in call["pending"]:
-                b = comm.world(m["peer"])
-                edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
-                              "round": rnd, "kind": m["kind"],
-                              "label": f"{label} round {rnd}"})
-        else:  # no round known: it waits for every member that has not reached it
-            for b in comm.members or []:
-                if b != a and (b not in records or comm.reached(b) < (call["seq"] or 0)):
-                    edges.append({"from": a, "to": b, "comm": call["comm"], "seq": call["seq"],
-                                  "round": None, "kind": "not reached",
-                                  "label": f"{label} (not reached)"})
-    seen, unique = set(), []
-    for e in edges:
-        key = (e["from"], e["to"], e["label"])
-        if key not in seen:
-            seen.add(key)
-            unique.append(e)
-    return unique
-
-
-def _cycles(nodes, edges) -> list[list[int]]:
-    """A cycle of waits in each strongly connected part with more than one rank (Tarjan's,
-    without recursion: a chain of thousands of waits is a chain of records), each the
-    ranks in the order the waits go, every step an edge: a -> b -> ... -> a."""
-    succ = defaultdict(set)
-    for e in edges:
-        succ[e["from"]].add(e["to"])
-    index, low, stack, on, parts = {}, {}, [], set(), []
-    for root in sorted(nodes):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        work = [(root, iter(sorted(succ[root])))]
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(succ[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                part = set()
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    part.add(w)
-                    if w == v:
-                        break
-                if len(part) > 1 or v in succ[v]:
-                    parts.append(part)
-    return sorted((_cycle_in(part, succ) for part in parts), key=lambda c: c[0])
-
-
-def _cycle_in(part: set, succ) -> list[int]:
-    """The shortest cycle through the part's lowest rank, along its edges (breadth first)."""
-    start = min(part)
-    came: dict[int, int] = {}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(succ[v] & part):
-                if w == start:
-                    path = [v]
-                    while path[-1] != start:
-                        path.append(came[path[-1]])
-                    return path[::-1]
-                if w not in came:
-                    came[w] = v
-                    nxt.append(w)
-        frontier = nxt
-    return [start]  # (not reached: the part is strongly connected)
 
 
 def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dict:
@@ -283,9 +210,9 @@ def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dic
     if len(jobs) > 1:
         notes.append(f"the records come from different jobs: {', '.join(jobs)}")
     flight = _in_flight(records)
-    edges = _graph(records, comms, flight)
+    edges = arrows(records, comms, flight)
     nodes = set(range(size))
-    cycles = _cycles(nodes, edges)
+    found = cycles(nodes, edges)
     waiting_on = Counter(e["to"] for e in edges)
     out_of = {e["from"] for e in edges}
     roots = sorted(b for b in waiting_on if b not in out_of)
@@ -299,7 +226,7 @@ def diagnose(records: dict[int, dict], warnings: list[str] | None = None) -> dic
               if "failed:" in rec.get("reason", "") and "TimeoutError" not in rec["reason"]}
     d = {"size": size, "records": sorted(records), "missing": missing, "jobs": jobs,
          "first_difference": first[0] if first else None, "differences": first,
-         "in_flight": flight, "edges": edges, "cycles": cycles, "roots": roots,
+         "in_flight": flight, "edges": edges, "cycles": found, "roots": roots,
          "where": wheres, "raised": raised, "notes": notes, "warnings": list(warnings or [])}
     d["cause"] = _cause(d, comms, failed)
     return d
@@ -332,7 +259,8 @@ def _cause(d, comms, failed) -> dict:
     waited = {e["to"] for e in d["edges"]}
     dead = [r for r in d["missing"] if r in waited] or d["missing"]
     if dead:
-        ws = [e for e in d["edges"] if e["to"] in dead]
+        dead_set = set(dead)
+        ws = [e for e in d["edges"] if e["to"] in dead_set]
         e = ws[0] if ws else None
         text = (f"{ranks_text(dead)} left no record (killed, or died before writing one)"
                 + (f"; {ranks_text({x['from'] for x in ws})} "

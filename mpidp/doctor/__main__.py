@@ -15,7 +15,9 @@ import json
 import os
 import signal
 import sys
+from collections import defaultdict
 
+from ..untrusted import InputError
 from . import Unreadable, diagnose, ranks_text, read, short
 
 
@@ -36,15 +38,17 @@ def text(d: dict, folder: str) -> str:
                        f"{', '.join(map(short, g['sites']))} ({', '.join(g['states'])})")
         if first["behind"]:
             out.append(f"    {ranks_text(first['behind'])}: never reached it")
+    mine, waits = defaultdict(list), defaultdict(list)  # grouped once: not per rank
+    for f in d["in_flight"]:
+        mine[f["rank"]].append(f)
+    for e in d["edges"]:
+        waits[e["from"], e["seq"], e["comm"]].append(e)
     for r in sorted(d["where"]):
         w = d["where"][r]
-        mine = [f for f in d["in_flight"] if f["rank"] == r]
-        if mine:
-            for f in mine:
+        if mine[r]:
+            for f in mine[r]:
                 pend = ", ".join(f"{e['kind']} {'from' if e['kind'] == 'recv' else 'to'} "
-                                 f"{e['to']}" for e in d["edges"]
-                                 if e["from"] == r and e["seq"] == f["seq"]
-                                 and e["comm"] == f["comm"])
+                                 f"{e['to']}" for e in waits[r, f["seq"], f["comm"]])
                 rnd = f" round {f['round']}" if f.get("round") is not None else ""
                 out.append(f"  rank {r}: in {f.get('collective', '?')} #{f['seq']} on "
                            f"{f['comm']}{rnd} ({f['state']}, called at {short(f['site'])})"
@@ -101,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, warnings = read(args.folder)
         d = diagnose(records, warnings)
-    except Unreadable as e:
+        if args.replay:
+            from . import replay
+
+            d["replay"] = replay.replay(records)
+    except (Unreadable, InputError) as e:  # one line naming the file and field
         print(f"mpidp.doctor: error: {e}", file=sys.stderr)
         return 2
-    if args.replay:
-        from . import replay
-
-        d["replay"] = replay.replay(records)
     if args.json:
         print(json.dumps(d, indent=1, default=str))
     else:

@@ -16,6 +16,7 @@ an earlier job's record never stands in for a rank of this one.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections import defaultdict
@@ -36,6 +37,8 @@ from ..untrusted import (
 )
 
 MAX_BYTES = 256 << 20  # as flight.RECORD_MAX_BYTES (the doctor imports no MPI): MBs at most
+FOLDER_MAX_BYTES = 1 << 30  # all the records of a folder together: beyond, one line
+MAX_WORK = 1 << 24  # the comparisons `unify` makes in all: beyond, one line
 MAX_RANKS = 1 << 20  # ranks of a job: the doctor loops over them
 MAX_COUNT = 1 << 40  # items in one collective (8 TiB of float64)
 STATES = ("planned", "started", "complete", "failed", "timed out", "persistent")
@@ -75,10 +78,11 @@ THREAD = Record({"name": Text(), "main": Bool(), "dumping": Bool(),
 RECORD = Record({
     "version": Int(1, 1), "job": Optional(Text(1024)), "rank": _rank,
     "size": Int(1, MAX_RANKS), "host": Optional(Text(1024)), "pid": Optional(Int(0, 1 << 31)),
-    "reason": _long, "time": Num(), "keep": Int(0, config.FLIGHT_MAX),
+    "ppid": Optional(Int(0, 1 << 31)), "reason": _long, "time": Num(),
+    "keep": Int(0, config.FLIGHT_MAX),
     "comms": List(COMM, 1 << 14), "threads": List(THREAD, 1 << 12),
     "exception": Optional(Record({"type": Text(), "text": _long, "stack": List(FRAME, 1 << 16)})),
-}, optional=frozenset({"version", "job", "host", "pid", "reason", "time", "keep",
+}, optional=frozenset({"version", "job", "host", "pid", "ppid", "reason", "time", "keep",
                        "exception"}))
 
 
@@ -123,8 +127,16 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
     paths = sorted(glob.glob(os.path.join(glob.escape(folder), "flight-rank-*.json")))
     if not paths:
         raise Unreadable(f"{folder}: no flight record (flight-rank-*.json) in it")
+    if len(paths) > MAX_RANKS:
+        raise Unreadable(f"{folder}: more than {MAX_RANKS} flight records in it")
     by_job: dict = defaultdict(dict)
+    total = 0
     for path in paths:
+        with contextlib.suppress(OSError):  # (read_json says what it cannot read)
+            total += os.lstat(path).st_size
+        if total > FOLDER_MAX_BYTES:
+            raise Unreadable(f"{path}: the folder's records pass {FOLDER_MAX_BYTES >> 20} MiB "
+                             "together: more than the doctor reads")
         try:
             rec = check_record(read_json(path, MAX_BYTES), path)
         except InputError as e:
@@ -141,6 +153,11 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
             names = ", ".join(os.path.basename(p) for p, _ in sorted(recs.values()))
             notes.append(f"set aside {len(recs)} record(s) of another, earlier job ({job}): "
                          f"{names}; this is job {newest}")
+    if newest is None:
+        notes.insert(0, "the records carry no job id (no SLURM, PMIx or Open MPI variable: "
+                        "plain mpiexec under MPICH): another run's records are told apart "
+                        "by host and launcher (parent) pid only")
+        notes[1:1] = _another_run(by_job[None])
     records = {r: rec for r, (_, rec) in by_job[newest].items()}
     sizes = {rec["size"] for rec in records.values()}
     if len(sizes) > 1:
@@ -148,6 +165,27 @@ def read(folder: str) -> tuple[dict[int, dict], list[str]]:
         raise Unreadable(f"{path}: size: the records of job {newest} say {sorted(sizes)} ranks")
     unify(records)
     return records, notes
+
+
+def _another_run(recs: dict) -> list[str]:
+    """Set aside (from `recs`, rank -> (path, record), in place) the records of a host
+    whose parent pid (the launcher's proxy: one per host and run) is not that of the
+    host's newest record: another run's. The notes that say which."""
+    newest: dict = {}
+    for _, rec in recs.values():
+        host = rec.get("host")
+        if rec.get("ppid") is not None and (host not in newest or rec.get("time", 0.0)
+                                            > newest[host].get("time", 0.0)):
+            newest[host] = rec
+    odd = sorted((path, r) for r, (path, rec) in recs.items() if rec.get("ppid") is not None
+                 and rec["ppid"] != newest[rec.get("host")]["ppid"])
+    for _, r in odd:
+        del recs[r]
+    if not odd:
+        return []
+    names = ", ".join(os.path.basename(p) for p, _ in odd)
+    return [f"set aside {len(odd)} record(s) of another, earlier run (another launcher "
+            f"process on its host): {names}"]
 
 
 def name_of(key: str, parts: list) -> str:
@@ -168,6 +206,14 @@ def unify(records: dict[int, dict]) -> None:
     found = [(r, c) for r, rec in sorted(records.items()) for c in rec["comms"]
              if c.get("parts") is not None]
     group = list(range(len(found)))
+    # candidates, not every pair: j can only join i if i knows j's number (or j knows i's,
+    # found when j's turn comes), so each i looks up the entries of the ranks whose number
+    # it knows, by (key, members, that rank, that number)
+    own: dict[tuple, list[int]] = defaultdict(list)
+    for i, (_, c) in enumerate(found):
+        members = tuple(c["members"])
+        own[(c["id"].split("#")[0], members, c["rank"], c["parts"][c["rank"]])].append(i)
+    work = 0
 
     def top(i):
         while group[i] != i:
@@ -176,10 +222,16 @@ def unify(records: dict[int, dict]) -> None:
         return i
 
     for i, (ri, ci) in enumerate(found):
-        for j in range(i):
+        key, members = ci["id"].split("#")[0], tuple(ci["members"])
+        cands = {j for m, p in enumerate(ci["parts"]) if p is not None and m != ci["rank"]
+                 for q in (p, None) for j in own.get((key, members, m, q), ())}
+        work += len(ci["parts"]) * (len(cands) + 1)
+        if work > MAX_WORK:
+            raise Unreadable(f"the records name more communicators at first use than the "
+                             f"doctor lines up ({len(found)})")
+        for j in sorted(cands):
             rj, cj = found[j]
-            if ri == rj or ci["members"] != cj["members"] or \
-                    ci["id"].split("#")[0] != cj["id"].split("#")[0]:
+            if ri == rj:
                 continue
             pi, pj = ci["parts"], cj["parts"]
             if all(a is None or b is None or a == b for a, b in zip(pi, pj, strict=True)) \

@@ -218,10 +218,15 @@ def run(args) -> int:
         print("→q:b sends block(s) b to rank q, ←q:b receives them from q, ↔q:b both; "
               "a step is one round of an ideal machine")
     elif args.command == "draw":
+        from .. import files
         from .draw import draw
 
-        draw(args.algorithm, args.collective, args.ranks, args.output, args.count,
-             timeout=args.timeout)
+        try:
+            draw(args.algorithm, args.collective, args.ranks, args.output, args.count,
+                 timeout=args.timeout)
+        except files.WriteError as e:  # one line naming the file
+            print(f"mpidp.sim draw: error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {args.output}")
     elif args.command == "check":
         return run_check(args)

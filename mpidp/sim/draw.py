@@ -10,6 +10,8 @@ on bit masks: rank r's input has bit r set, and the op is bitwise or.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .collective import REDUCING, layout, simulate
@@ -131,8 +133,13 @@ def draw(algorithm, collective: str, N: int, path: str, count: int | None = None
                         Line2D([], [], color=arrow, marker=">", markersize=5,
                                label="a message, labelled with the sender's blocks")],
                loc="lower left", bbox_to_anchor=(0.45, 0.01), ncol=2, fontsize=8, frameon=False)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    from .. import files
+
+    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    try:  # atomically, by the one writer (a FIFO or device at `path` is refused)
+        files.replace(path, lambda f: fig.savefig(f, dpi=130, format=ext))
+    finally:
+        plt.close(fig)
 
 
 def _shades(face, N: int):

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import textwrap
 
+from .. import files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FENCE = re.compile(r"^```[a-z]*\n(\$ python -m mpidp\.sim .*?)^```$", re.M | re.S)
 TIME = re.compile(r"^\(\d+(\.\d+)? s\)$")  # a run's own time
@@ -54,8 +56,7 @@ def run(command: str, modules: dict[str, str]) -> str:
     assert argv[:3] == ["python", "-m", "mpidp.sim"], command
     with tempfile.TemporaryDirectory() as where:
         for name, source in modules.items():
-            with open(os.path.join(where, name), "w", encoding="utf-8") as f:
-                f.write(source)
+            files.write_text(os.path.join(where, name), source)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [where, ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
         done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
@@ -99,8 +100,7 @@ def main(argv=None) -> int:
             at = end
         pieces.append(text[at:])
         if not check:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write("".join(pieces))
+            files.write_text(path, "".join(pieces))
     if check:
         return 1 if drift else 0
     print(f"rewrote {', '.join(paths)} ({drift} block(s) changed)")

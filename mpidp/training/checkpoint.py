@@ -186,7 +186,8 @@ def _differences(path: str, recorded: dict, settings: dict, version: int) -> Non
                               + ": resuming would not continue that run")
 
 
-def load(path: str, model, optimizer, state_keys=None, settings: dict | None = None) -> dict:
+def load(path: str, model, optimizer, state_keys=None, settings: dict | None = None,
+         check=None) -> dict:
     """Restore the model and the optimizer from `path`; return the saved `state`.
 
     The whole file is checked first; on any problem, CheckpointError and nothing changed.
@@ -195,6 +196,8 @@ def load(path: str, model, optimizer, state_keys=None, settings: dict | None = N
         state_keys: the ``state/`` entries there must be (None: any, each an integer).
         settings: the run's settings, compared with the recorded ones (format 2 records
             only `LEGACY`'s, in state/: those are compared, the others cannot be).
+        check: called as ``check(state, optimizer_steps)`` before anything changes; a
+            CheckpointError it raises leaves the model and optimizer as they were.
     """
     with open_zip(path) as z:
         entries = members(z, path)
@@ -234,6 +237,8 @@ def load(path: str, model, optimizer, state_keys=None, settings: dict | None = N
         if version < 3:
             recorded = {k: state[k] for k in LEGACY if k in state}
         _differences(path, recorded, settings, version)
+    if check is not None:
+        check(state, steps)
     xp = model.xp
     for name, p in model.params.items():
         p[...] = xp.asarray(data[f"param/{name}"])  # in place: views and references stay valid

@@ -48,14 +48,18 @@ def settings(args: argparse.Namespace, **own) -> dict:
 def resume(path: str, model, opt, run: dict, steps_per_epoch: int) -> tuple[int, int, str]:
     """Load `path` into the model and optimizer if it was written by a run with the settings
     `run`: the epoch and step it was saved at, and a note for an old format ("" if none)."""
-    saved = checkpoint.load(path, model, opt, state_keys=["epoch", "step"], settings=run)
+    def position(saved: dict, steps: int) -> None:  # before load changes anything
+        epoch, step = saved["epoch"], saved["step"]
+        if step > steps_per_epoch:
+            raise CheckpointError(f"{path}: state/step {step} is past the {steps_per_epoch} "
+                                  "steps of an epoch")
+        if steps != epoch * steps_per_epoch + step:
+            raise CheckpointError(f"{path}: optim/steps {steps} does not match epoch "
+                                  f"{epoch}, step {step} at {steps_per_epoch} steps per epoch")
+
+    saved = checkpoint.load(path, model, opt, state_keys=["epoch", "step"], settings=run,
+                            check=position)
     epoch, step = saved["epoch"], saved["step"]
-    if step > steps_per_epoch:
-        raise CheckpointError(f"{path}: state/step {step} is past the {steps_per_epoch} "
-                              "steps of an epoch")
-    if opt.steps != epoch * steps_per_epoch + step:
-        raise CheckpointError(f"{path}: optim/steps {opt.steps} does not match epoch {epoch}, "
-                              f"step {step} at {steps_per_epoch} steps per epoch")
     note = ""
     old = checkpoint.version(path)
     if old < checkpoint.FORMAT:
