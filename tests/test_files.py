@@ -167,3 +167,30 @@ def test_replace_gives_the_mode_asked_for(tmp_path):
     files.replace(str(path), lambda f: f.write("#!/bin/sh\n"), text=True, follow=False,
                   mode=0o755)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o755 and path.read_text() == "#!/bin/sh\n"
+
+
+def _package_sources():
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mpidp")
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    yield os.path.relpath(path, root), f.read()
+
+
+def test_the_package_writes_files_through_the_one_writer_only():
+    """Issue 33: `mpidp.files` is the only writer in the package. An `open` for writing, a
+    `json.dump` to a file, a figure saved by name, a `write_text`: each would bypass its
+    temporary file, its refusal of devices and links and its atomic replace. The cluster's
+    lock file (opened "a+" and locked, never replaced) is the one exception."""
+    import re
+
+    writing = re.compile(r"""\bopen\([^)]*["'][rwax+bt]*[wax+][rwax+bt]*["']|json\.dump\(|"""
+                         r"""(?<!files)\.write_text\(|\.write_bytes\(|savefig\((?!f,)""")
+    found = [f"{path}:{n}: {line.strip()}" for path, text in _package_sources()
+             if path != "files.py"
+             for n, line in enumerate(text.splitlines(), 1)
+             if writing.search(line) and not line.lstrip().startswith("#")
+             and not (path == os.path.join("cluster", "lock.py") and '"a+"' in line)]
+    assert found == [], "\n".join(found)

@@ -41,7 +41,7 @@ from ..training import GPT, AdamW, DataParallel, data
 from ..training.gpt import token_cross_entropy
 from ..training.memory import formula_bytes, model_state_bytes
 from ..training.trainer import blas_threads
-from .output import HelpFormatter, publish
+from .output import HelpFormatter, publish, read_json
 
 MODES = ("compute", "serial", "overlap")
 MARK = ("<!-- gpt-tables -->", "<!-- /gpt-tables -->")
@@ -229,8 +229,7 @@ def tables(runs: list[dict]) -> list[str]:
 def report(args) -> int:
     runs = []
     for path in sorted(glob.glob(os.path.join(args.report, "*.json"))):
-        with open(path) as f:
-            r = json.load(f)
+        r = read_json(path)
         if "modes" in r:
             runs.append(r)
     runs.sort(key=lambda r: ("hosts" in r["label"], r["label"]))  # one host first

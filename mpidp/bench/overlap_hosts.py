@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 
 import numpy as np
 
-from .output import replace_marked
+from .output import read_json, replace_marked
 from .report import _efficiency as efficiency_of
 
 ONEHOST_BEGIN, ONEHOST_END = "<!-- overlap-onehost -->", "<!-- /overlap-onehost -->"
@@ -58,8 +57,7 @@ def groups(paths: list[str]) -> dict:
     """(hosts, ranks per host, rate, batch, async) -> [(run name, path, its JSON)]."""
     out: dict = {}
     for path in sorted(paths):
-        with open(path) as f:
-            s = json.load(f)
+        s = read_json(path)
         found = NAME.search(os.path.basename(path))
         hosts, ppn = int(found.group(1)), int(found.group(2) or 1)
         key = (hosts, ppn, found.group(3), int(found.group(4)),
@@ -146,8 +144,7 @@ def onehost_table(paths: list[str], base: str = ".") -> list[str]:
     the default is slower than serial by more than the run-to-run spread of serial."""
     runs = []
     for path in sorted(paths):
-        with open(path) as f:
-            runs.append((path, json.load(f)))
+        runs.append((path, read_json(path)))
     if not runs:
         return []
     modes = list(runs[0][1]["modes"])
@@ -196,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from .overlap import plot
 
-        with open(args.plot[0]) as f:
-            plot(json.load(f), args.plot[1])
+        plot(read_json(args.plot[0]), args.plot[1])
         print(f"drew {args.plot[1]}")
     return 0
 

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 
 from .. import files
 from . import runs as merged_runs
-from .output import COLLECTIVES, TITLES, human, placement, plot, replace_marked, write_json
+from .output import (
+    COLLECTIVES,
+    TITLES,
+    human,
+    placement,
+    plot,
+    read_json,
+    replace_marked,
+    write_json,
+)
 from .runs import ratio_range
 from .targets import before, best_mpidp, evaluate, judged, status
 
@@ -257,8 +265,7 @@ def overlap_headline(paths: list[str]) -> list[str]:
     lines = []
     for path in paths:
         try:
-            with open(path) as f:
-                s = json.load(f)
+            s = read_json(path)
             parts = [f"{mode} hides {e['hidden_fraction']:.0%} of the communication "
                      f"({e['step_ms']:.1f} ms a step)"
                      for mode, e in s.get("modes", {}).items() if "hidden_fraction" in e]
@@ -357,8 +364,7 @@ def overlap_tables(paths: list[str]) -> list[str]:
     """One Markdown table per overlap JSON (`bench overlap --json`): every mode's medians."""
     lines = []
     for path in paths:
-        with open(path) as f:
-            s = json.load(f)
+        s = read_json(path)
         lines += [f"{s['ranks']} ranks, MLP {'-'.join(map(str, s['sizes']))} ({s['dtype']}), "
                   f"local batch {s['batch']}, bucket_mb {s['bucket_mb']}, algorithm "
                   f"{s['algorithm']} ([{os.path.basename(path)}](bench/"

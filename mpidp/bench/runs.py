@@ -14,12 +14,11 @@ older ``collectives-n2.json``) is a merge of one run: spread 0.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import statistics
 
-from .output import bus_factor
+from .output import bus_factor, read_json
 
 FILE = re.compile(r"collectives-n(\d+)(?:-r(\d+))?\.json$")
 
@@ -108,7 +107,6 @@ def load(data_dir: str) -> list[dict]:
         numbered = [p for k, p in paths if k > 0]
         group = []
         for path in numbered or [p for _, p in paths]:
-            with open(path) as f:
-                group.append(json.load(f))
+            group.append(read_json(path))
         runs.append(merge(group))
     return runs

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 import time
@@ -41,7 +40,7 @@ from .. import files
 from ..training import MLP, SGD, Adam, DataParallel, softmax_cross_entropy
 from ..training.memory import StepPeak, formula_bytes, model_state_bytes
 from ..training.trainer import blas_threads
-from .output import HelpFormatter, publish
+from .output import HelpFormatter, publish, read_json
 
 DEMO = [64, 128, 64, 10]
 KINDS = {"sgd": (lambda m: SGD(m.params, m.grads, lr=0.05, momentum=0.9), 1),
@@ -185,7 +184,7 @@ def report(args) -> int:
                    key=lambda p: int(re.search(r"n(\d+)", os.path.basename(p)).group(1)))
     if not paths:
         raise SystemExit(f"no zero-n*.json in {args.report}")
-    runs = [json.load(open(p)) for p in paths]
+    runs = [read_json(p) for p in paths]
     return publish(tables(runs), args.doc, MARK)
 
 
