@@ -40,7 +40,7 @@ from mpidp import files  # noqa: E402
 MODES = ("compute", "serial", "overlap")
 
 
-def parse(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench_torch.py", description=__doc__.split("\n")[0])
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -102,7 +102,7 @@ def measure(args, group, vocab: int) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     mpidp.torch.init_process_group(args.algorithm)
     rank, size = dist.get_rank(), dist.get_world_size()

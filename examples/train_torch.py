@@ -80,7 +80,7 @@ def loss_of(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def parse(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="train_torch.py", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("mpidp", "gloo"), default="mpidp")
     p.add_argument("--deterministic", action="store_true",
@@ -155,7 +155,7 @@ def wrap(args, model, group):
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     mpidp.torch.init_process_group(args.algorithm, backend=args.backend)
     first, last, _ = train(args, dist.group.WORLD)

@@ -9,8 +9,6 @@ script (marked ``# <site>``), not a line inside torch.distributed.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (the `torch` extra: make setup "
                     "installs it)")
-from conftest import MPIEXEC_FLAGS  # noqa: E402
+from helpers import launch  # noqa: E402
 
 SCRIPT = textwrap.dedent("""\
     from datetime import timedelta
@@ -38,16 +36,15 @@ SCRIPT = textwrap.dedent("""\
 
 def test_the_doctor_names_the_rank_and_the_line_of_a_skipped_all_reduce(tmp_path):
     (tmp_path / "skip.py").write_text(SCRIPT)
-    env = {**os.environ, "MPIDP_DEBUG": "0", "MPIDP_COST": "default",
+    env = {"MPIDP_DEBUG": "0", "MPIDP_COST": "default",
            "MPIDP_FLIGHT_DIR": str(tmp_path / "flight")}
-    job = subprocess.run([shutil.which("mpiexec"), *MPIEXEC_FLAGS, "-n", "2", sys.executable,
-                          "-m", "mpidp", "skip.py"], cwd=tmp_path, env=env, timeout=120,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    assert job.returncode != 0, job.stdout + job.stderr  # the deadline ended it
+    code, out, err, _ = launch.run(2, [sys.executable, "-m", "mpidp", "skip.py"], env=env,
+                                   timeout=120, cwd=str(tmp_path))
+    assert code not in (0, None), out + err  # the deadline ended it (None: it hung)
     doctor = subprocess.run([sys.executable, "-m", "mpidp.doctor", str(tmp_path / "flight"),
                              "--json"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120)
-    assert doctor.returncode == 0, doctor.stderr + job.stderr[-3000:]
+    assert doctor.returncode == 0, doctor.stderr + err[-3000:]
     cause = json.loads(doctor.stdout)["cause"]
     line = next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if "# <site>" in text)
     assert cause["kind"] == "different_collective" and cause["ranks"] == [1], cause

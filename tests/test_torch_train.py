@@ -32,7 +32,7 @@ def trainer():
 
 def test_deterministic_needs_mpidp():
     with pytest.raises(SystemExit):
-        trainer().parse(["--deterministic", "--backend", "gloo"])
+        trainer().parse_args(["--deterministic", "--backend", "gloo"])
 
 
 @pytest.mark.mpi(ranks=[4], timeout=400)
@@ -44,7 +44,7 @@ def test_deterministic_is_the_same_bits_on_1_to_4_ranks_and_fsdp2_equals_gloo(mp
     def deterministic(k, mp, gl):
         wrong = []  # asserted after both runs: a rank that raised early would leave the
         for dtype in ("float32", "float64"):  # others waiting in the next run's collectives
-            args = tt.parse(TINY + ["--deterministic", "--micro-batch", "2", "--dtype", dtype])
+            args = tt.parse_args(TINY + ["--deterministic", "--micro-batch", "2", "--dtype", dtype])
             first, last, params = tt.train(args, mp)
             if not last < first:
                 wrong.append(f"N={k} {dtype}: the held-out loss did not fall")
@@ -58,7 +58,7 @@ def test_deterministic_is_the_same_bits_on_1_to_4_ranks_and_fsdp2_equals_gloo(mp
     def fsdp(k, mp, gl):
         # SGD: Adam's m / sqrt(v) turns a last-bit difference of a gradient near 0 into a
         # step of +-lr, and 3-4 ranks add in another order than gloo
-        args = tt.parse(TINY + ["--fsdp", "--optimizer", "sgd", "--lr", "0.1"])
+        args = tt.parse_args(TINY + ["--fsdp", "--optimizer", "sgd", "--lr", "0.1"])
         mine, gloo = tt.train(args, mp), tt.train(args, gl)
         for name in mine[2]:
             a, b = mine[2][name], gloo[2][name]
