@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_torch  # noqa: E402 (the model and its loss, from beside this file)
 
 import mpidp.torch  # noqa: E402
-from mpidp import files  # noqa: E402
+from mpidp import files, watchdog  # noqa: E402
 
 MODES = ("compute", "serial", "overlap")
 
@@ -148,4 +148,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(watchdog.run(main, "bench_torch.py"))

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mpidp.torch
-from mpidp import files
+from mpidp import files, watchdog
 from mpidp.training import ShardSampler, data
 from mpidp.training.determinism import default_micro_batch
 
@@ -218,4 +218,4 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(watchdog.run(main, "train_torch.py"))
