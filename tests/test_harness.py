@@ -139,5 +139,10 @@ def test_the_launchers_notices_of_a_jobs_end_are_dropped_and_nothing_else(monkey
     err = "train_mlp.py: error: bad\n" + notice + other + "last\n"
     monkeypatch.setattr(launch, "OPEN_MPI", True)
     assert launch.program_output(err) == "train_mlp.py: error: bad\n" + other + "last\n"
+    epoll = ("[warn] Epoll MOD(4) on fd 20 failed. Old events were 6; read change was 2 "
+             "(del); write change was 0 (none); close change was 0 (none): Bad file "
+             "descriptor\n")  # seen from prterun's event library under load
+    assert launch.program_output("train_mlp.py: error: bad\n" + epoll + "[warn] mine\n") \
+        == "train_mlp.py: error: bad\n[warn] mine\n"
     monkeypatch.setattr(launch, "OPEN_MPI", False)  # MPICH's Hydra adds none: left alone
     assert launch.program_output(err) == err

@@ -41,10 +41,16 @@ JOB_END_NOTICES = ("detected that one or more processes exited with non-zero sta
                    "noticed that process rank", "has exited due to process rank")
 
 
+# ... and, now and then as a job ends, its event library's complaints about descriptors the
+# ranks closed first ("[warn] Epoll MOD(4) on fd 20 failed. ...: Bad file descriptor")
+_EPOLL = re.compile(r"^\[warn\] Epoll \w+\(\d+\) on fd \d+ failed\..*\n?", re.M)
+
+
 def program_output(text: str) -> str:
     """`text` (a job's stderr) without the launcher's own notices of how the job ended."""
     if not OPEN_MPI:
         return text
+    text = _EPOLL.sub("", text)
     return _NOTICE.sub(lambda m: "" if any(n in m.group(0) for n in JOB_END_NOTICES)
                        else m.group(0), text)
 
