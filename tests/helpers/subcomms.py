@@ -56,11 +56,19 @@ def on_each_size(sizes: Iterable[int], check: Callable, world=None) -> None:
                 error = e
             else:
                 sub.Free()
-        failed = np.zeros(world.Get_size(), np.int8)
-        failed[rank] = error is not None
-        failed = idle_allreduce(world, failed)
-        if error is not None:
-            raise error
-        if failed.any():
-            raise AssertionError(f"N={n}: the check failed on rank(s) "
-                                 f"{np.flatnonzero(failed).tolist()} (their reports say how)")
+        raise_where_any_failed(world, error, n)
+
+
+def raise_where_any_failed(world, error: BaseException | None, n: int) -> None:
+    """After the check of size `n`: every rank learns whether any failed (an idle all-reduce
+    of one flag each), then raises its own `error`, or an AssertionError naming the ranks
+    that failed, so that no rank runs ahead into the next size while another has stopped."""
+    rank = world.Get_rank()
+    failed = np.zeros(world.Get_size(), np.int8)
+    failed[rank] = error is not None
+    failed = idle_allreduce(world, failed)
+    if error is not None:
+        raise error
+    if failed.any():
+        raise AssertionError(f"N={n}: the check failed on rank(s) "
+                             f"{np.flatnonzero(failed).tolist()} (their reports say how)")

@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
-import numpy as np
 import torch.distributed as dist
 from mpi4py import MPI
 
-from helpers.subcomms import idle_allreduce
+from helpers.subcomms import raise_where_any_failed
 
 
 def start(timeout_s: float = 120) -> None:
@@ -50,11 +49,4 @@ def on_each_size(sizes: Iterable[int], check, **options) -> None:
                 check(k, mp, gl)
             except BaseException as e:  # noqa: B036 (raised again below, after the others know)
                 error = e
-        failed = np.zeros(world.Get_size(), np.int8)
-        failed[rank] = error is not None
-        failed = idle_allreduce(world, failed)
-        if error is not None:
-            raise error
-        if failed.any():
-            raise AssertionError(f"N={k}: the check failed on rank(s) "
-                                 f"{np.flatnonzero(failed).tolist()} (their reports say how)")
+        raise_where_any_failed(world, error, k)
