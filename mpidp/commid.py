@@ -71,7 +71,7 @@ class Agreement:
         self.parts[me] = mine
         self._mine = np.array([mine], np.int64)
         self._bufs = {r: np.empty(1, np.int64) for r in range(n) if r != me}
-        self._comm, self._tag = comm, tag
+        self._comm, self._tag = weakref.ref(comm), tag  # (its state dies with it)
         self._sends: list = []
         self._recvs: dict | None = None  # posted by `post`
         self._lock = threading.Lock()  # the main thread's calls and a dump's
@@ -83,8 +83,10 @@ class Agreement:
         collective that starts (past its checks: a call refused on one rank sends nothing,
         and every member of a collective that starts takes the numbers in at its own)."""
         with self._lock:
-            if self._recvs is None:
-                comm, tag = self._comm, self._tag
+            comm, tag = self._comm(), self._tag
+            if self._recvs is None and comm is None:  # the object is gone: nothing to send on
+                self._recvs, self.done = {}, True
+            elif self._recvs is None:
                 self._sends = [comm.Isend(self._mine, r, tag) for r in self._bufs]
                 self._recvs = {r: comm.Irecv(buf, r, tag) for r, buf in self._bufs.items()}
 

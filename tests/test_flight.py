@@ -333,6 +333,8 @@ def test_an_agreements_receives_still_posted_at_exit_are_cancelled():
 
     comm = _TwoRanks()
     agreement = commid.Agreement(comm, "gdeadbeef", 0, 7)
+    assert not agreement.progress() and not comm.recvs  # nothing posted before a collective
+    agreement.post()  # its first collective starts
     assert not agreement.progress() and not comm.recvs[0].cancelled
     flight._at_exit()
     assert comm.recvs[0].cancelled and agreement.parts == [0, None]
