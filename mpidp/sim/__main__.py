@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from mpidp.bench.output import parse_size
+from mpidp.units import parse_size
 from mpidp.untrusted import InputError
 
 from .collective import COLLECTIVES, names

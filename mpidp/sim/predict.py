@@ -26,10 +26,10 @@ from typing import NamedTuple
 import numpy as np
 
 from mpidp import untrusted
-from mpidp.bench.output import human
 from mpidp.collectives import cost
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.placement import layout
+from mpidp.units import human
 
 from .collective import names, resolve, simulate
 
