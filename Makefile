@@ -139,6 +139,7 @@ walkthrough: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) -m pip install --quiet "cupy-cuda12x"
 	for n in 1 2 3 4; do timeout 150 $(MPIEXEC) -n $$n $(PY) examples/gpu_check.py || exit 1; done
+	$(PY) -m pytest -v -rs tests/test_staging.py tests/test_torch_cuda.py -k "cupy or cuda"
 
 lint: $(STAMP)
 	$(PY) -m ruff check mpidp tests examples

@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers.gpu import needs_gpu
 from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
@@ -21,13 +22,6 @@ from mpidp.collectives.algorithms.rounds import Recv, Send
 from mpidp.collectives.engine import driver as schedule
 from mpidp.collectives.engine import staging as buffers
 from mpidp.collectives.state import state
-
-try:
-    import cupy  # noqa: F401
-
-    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
-except Exception:  # no CuPy, or CuPy without a device/driver
-    HAVE_GPU = False
 
 
 class FakeDeviceArray(np.ndarray):
@@ -160,8 +154,7 @@ def check_staged_collectives_match_mpi(comm):
     buffers.set_staging("")
 
 
-@pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device (none on this "
-                    "machine); `make gpu-check` runs the CuPy paths on a GPU machine")
+@needs_gpu("CuPy and a CUDA device")
 @pytest.mark.mpi(ranks=[4], timeout=120)
 def test_cupy_collectives_match_mpi(mpi_ranks):
     """N = 1..4 in one launch (a communicator of each size: tests/helpers/subcomms.py)."""

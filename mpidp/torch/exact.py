@@ -53,7 +53,9 @@ def exact_avg_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     or None for the default one)."""
     pg = mpidp_group(state)
     buf = bucket.buffer()
-    arr = buf.detach().numpy()  # DDP's bucket buffers are contiguous CPU tensors
+    if buf.device.type != "cpu":
+        raise TypeError(f"mpidp's exact_avg_hook takes CPU buckets, not {buf.device} ones")
+    arr = buf.detach().numpy()  # DDP's bucket buffers are contiguous
     req = api.iallreduce(pg.comm, IN_PLACE, arr, op=EXACT_AVG, **pg._kw)
     work = pg._start([req], [buf], None, "exact_avg_hook")
     return work.get_future().then(lambda fut: fut.value()[0])

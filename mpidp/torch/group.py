@@ -100,7 +100,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _allreduce(self, tensors, reduce_op, name: str, pack: bool = False) -> Work:
         for t in tensors:
-            tz.check_cpu(t, name)
+            tz.check(t, name)
         if pack and len(tensors) > 1:
             if len({t.dtype for t in tensors}) > 1:
                 raise TypeError(f"mpidp backend: {name} takes tensors of one dtype")
@@ -126,7 +126,7 @@ class ProcessGroup(dist.ProcessGroup):
         reqs, finishes = [], []
         for out, inputs in zip(outputs, input_lists, strict=True):
             for t in [out, *inputs]:
-                tz.check_cpu(t, "reduce_scatter")
+                tz.check(t, "reduce_scatter")
             full = torch.cat([t.detach().reshape(-1) for t in inputs])
             reqs.append(self._reduce_scatter(full, out, [t.numel() for t in inputs],
                                              opts.reduceOp, finishes))
@@ -144,7 +144,7 @@ class ProcessGroup(dist.ProcessGroup):
         reqs, finishes = [], []
         for out, full in zip(outputs, inputs, strict=True):
             for t in (out, full):
-                tz.check_cpu(t, name)
+                tz.check(t, name)
             if full.numel() != out.numel() * self.size():
                 raise ValueError(f"mpidp backend: {name}: the input has {full.numel()} "
                                  f"elements, not output's {out.numel()} x {self.size()} ranks")
@@ -165,12 +165,12 @@ class ProcessGroup(dist.ProcessGroup):
         reqs, finishes = [], []
         for outs, t in zip(output_lists, inputs, strict=True):
             for x in [t, *outs]:
-                tz.check_cpu(x, "all_gather")
+                tz.check(x, "all_gather")
             counts = [o.numel() for o in outs]
             if len(outs) != self.size():
                 raise ValueError(f"mpidp backend: all_gather needs {self.size()} output "
                                  f"tensors, not {len(outs)}")
-            flat = torch.empty(sum(counts), dtype=t.dtype)
+            flat = torch.empty(sum(counts), dtype=t.dtype, device=t.device)
             starts = tz.offsets(outs)
 
             def unpack(outs=outs, flat=flat, starts=starts):
@@ -191,7 +191,7 @@ class ProcessGroup(dist.ProcessGroup):
         reqs, finishes = [], []
         for out, t in zip(outputs, inputs, strict=True):
             for x in (out, t):
-                tz.check_cpu(x, name)
+                tz.check(x, name)
             if out.numel() != t.numel() * self.size():
                 raise ValueError(f"mpidp backend: {name}: the output has {out.numel()} "
                                  f"elements, not input's {t.numel()} x {self.size()} ranks")
@@ -206,7 +206,7 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         parts = []
         for t in tensors:
-            tz.check_cpu(t, "broadcast")
+            tz.check(t, "broadcast")
             parts.append(staged(t))
         reqs = [api.ibcast(self.comm, p.array, opts.rootRank,
                            algorithm=self._algorithm("bcast"), **self._kw) for p in parts]
@@ -231,8 +231,8 @@ class ProcessGroup(dist.ProcessGroup):
                              f"(mpidp's collectives use the tags from {TAG_BASE} up)")
         parts = []
         for t in tensors:
-            tz.check_cpu(t, name)
-            parts.append(staged(t, copy_in=name == "send"))
+            tz.check(t, name)
+            parts.append(tz.on_host(t, copy_in=name == "send"))
         post = self.comm.Isend if name == "send" else self.comm.Irecv
         reqs = [_Tested(post(p.array, peer, tag)) for p in parts]
         return self._start(reqs, list(tensors), tz.finish_all(parts), name)

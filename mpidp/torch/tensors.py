@@ -1,7 +1,10 @@
 """Tensors as NumPy arrays for mpidp's collectives, and torch's reduce ops as mpidp's.
 
 A contiguous CPU tensor becomes an array that shares its memory (``Tensor.numpy()``),
-so the result lands in the tensor with no copy. A non-contiguous one is copied into a
+so the result lands in the tensor with no copy; a CUDA tensor becomes a CuPy array on
+the same memory (DLPack: ``cupy.from_dlpack``), which mpidp's collectives take as any
+CuPy array (CUDA-aware MPI, or staged through host memory), after torch's current
+stream has finished writing it. A non-contiguous one is copied into a
 contiguous staging tensor, and the result is copied back when the collective is done
 (`Staged.finish`). Zero-size tensors are arrays of size 0.
 
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..arrays import array_module, is_device
 from ..collectives.algorithms import ops
 from ..collectives.algorithms.ops import Op
 from ..collectives.plans import IN_PLACE
@@ -50,8 +54,10 @@ class TorchOp(Op):
             _bf16(block).div_(n)
 
 
-def _bf16(words: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(words).view(torch.bfloat16)
+def _bf16(words) -> torch.Tensor:
+    """The bfloat16 tensor on the memory of `words` (a NumPy or CuPy uint16 array)."""
+    tensor = torch.from_dlpack(words) if is_device(words) else torch.from_numpy(words)
+    return tensor.view(torch.bfloat16)
 
 
 # names that NumPy and torch share (torch.add, torch.multiply, ...), on the words' kind "u"
@@ -96,11 +102,18 @@ def _red_op_type(reduce_op) -> R:
     raise ValueError(f"mpidp backend: ReduceOp {reduce_op!r} is not supported")
 
 
-def check_cpu(tensor: torch.Tensor, what: str) -> None:
-    """TypeError unless `tensor` is a dense CPU tensor of a dtype mpidp carries."""
-    if tensor.device.type != "cpu":
+def check(tensor: torch.Tensor, what: str) -> None:
+    """TypeError unless `tensor` is a dense CPU or CUDA tensor of a dtype mpidp carries
+    (CUDA: CuPy must be installed, as for mpidp's own device arrays)."""
+    if tensor.device.type == "cuda":
+        try:
+            import cupy  # noqa: F401 - only its presence is checked here
+        except ImportError:
+            raise TypeError(f"mpidp backend: {what} got a tensor on {tensor.device}; CUDA "
+                            f"tensors need CuPy (pip install cupy-cuda12x)") from None
+    elif tensor.device.type != "cpu":
         raise TypeError(f"mpidp backend: {what} got a tensor on {tensor.device}; this "
-                        f"backend takes CPU tensors")
+                        f"backend takes CPU and CUDA tensors")
     if tensor.layout != torch.strided:
         raise TypeError(f"mpidp backend: {what} got a {tensor.layout} tensor; this "
                         f"backend takes dense tensors")
@@ -112,11 +125,17 @@ _CARRIED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.b
             torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def words(tensor: torch.Tensor) -> np.ndarray:
-    """The 1-D NumPy array that shares a contiguous tensor's memory (bfloat16: uint16)."""
+def words(tensor: torch.Tensor):
+    """The 1-D array that shares a contiguous tensor's memory (bfloat16: uint16): NumPy's
+    for a CPU tensor, CuPy's for a CUDA one (once torch's stream is done with it)."""
     flat = tensor.detach().reshape(-1)
     if tensor.dtype == torch.bfloat16:
         flat = flat.view(torch.uint16)
+    if flat.is_cuda:
+        import cupy
+
+        torch.cuda.current_stream(flat.device).synchronize()  # its values are written
+        return cupy.from_dlpack(flat)
     return flat.numpy()
 
 
@@ -140,6 +159,17 @@ def staged(tensor: torch.Tensor, copy_in: bool = True) -> Staged:
     if tensor.is_contiguous():
         return Staged(tensor, None, words(tensor))
     staging = (tensor.detach().contiguous() if copy_in
+               else torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device))
+    return Staged(tensor, staging, words(staging))
+
+
+def on_host(tensor: torch.Tensor, copy_in: bool = True) -> Staged:
+    """`staged`, but always in host memory: what mpi4py's own ``Isend``/``Irecv`` take
+    from a CUDA tensor where the MPI library may not be CUDA-aware (mpidp's collectives
+    decide that themselves; point-to-point calls go to MPI directly)."""
+    if not tensor.is_cuda:
+        return staged(tensor, copy_in)
+    staging = (tensor.detach().to("cpu").contiguous() if copy_in
                else torch.empty(tensor.shape, dtype=tensor.dtype))
     return Staged(tensor, staging, words(staging))
 
@@ -147,13 +177,18 @@ def staged(tensor: torch.Tensor, copy_in: bool = True) -> Staged:
 def apart(send: np.ndarray, recv: np.ndarray, rank: int | None):
     """`send`, or IN_PLACE where it is rank `rank`'s block of `recv` (FSDP2 gathers so),
     or a copy where it overlaps `recv` otherwise (MPI forbids overlapping buffers)."""
-    if not np.shares_memory(send, recv):
+    xp = array_module(send)
+    if not xp.shares_memory(send, recv):
         return send
     if rank is not None and send.size and send.size * (recv.size // send.size) == recv.size:
         block = recv[rank * send.size:(rank + 1) * send.size]
-        if block.__array_interface__["data"][0] == send.__array_interface__["data"][0]:
+        if _address(block) == _address(send):
             return IN_PLACE
     return send.copy()
+
+
+def _address(arr) -> int:
+    return arr.data.ptr if is_device(arr) else arr.__array_interface__["data"][0]
 
 
 def offsets(tensors) -> list[int]:
