@@ -214,6 +214,19 @@ def test_bit_flips_and_truncations_are_refused_or_load_the_saved_values(tmp_path
     assert state in (None, {"epoch": 1, "step": 2})
 
 
+
+@pytest.mark.parametrize("field, value", [(8, 0x1), (10, 0x63)], ids=["encrypted", "method"])
+def test_an_entry_marked_encrypted_or_oddly_compressed_is_refused(tmp_path, good, field, value):
+    """Hypothesis found these two flips (zipfile raised RuntimeError, NotImplementedError):
+    an entry's central-directory flag "encrypted" (offset 8) or an unknown method (10)."""
+    blob, params = good
+    mutated = bytearray(blob)
+    at = blob.index(b"PK\x01\x02")  # the first entry's central directory record
+    mutated[at + field] = value
+    path = tmp_path / "mutated.npz"
+    path.write_bytes(bytes(mutated))
+    assert _load_or_refuse(str(path), params) is None
+
 ENTRIES = ["format", "sizes", "activation", "dtype", "optimizer", "settings", "param/W1",
            "param/b2", "optim/steps", "optim/velocity/W1", "state/epoch", "state/step"]
 ODD = st.one_of(

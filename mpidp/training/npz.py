@@ -19,7 +19,9 @@ MAX_HEADER = 4096  # bytes; numpy writes 128-byte .npy headers for arrays like o
 MAX_SCALAR = 1024  # bytes of a whole entry holding a number, a name or the layer sizes
 
 # what zipfile and numpy raise on a damaged file (zipfile has no one exception for it)
-DAMAGED = (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError)
+# (NotImplementedError: a flag bit zipfile does not implement, in an entry's local header)
+DAMAGED = (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, NotImplementedError)
+STORED_AS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # np.savez's, np.savez_compressed's
 
 
 class CheckpointError(Exception):
@@ -41,6 +43,9 @@ def members(z: zipfile.ZipFile, path: str) -> dict[str, zipfile.ZipInfo]:
     for info in z.infolist():
         if not info.filename.endswith(".npy"):
             raise CheckpointError(f"{path}: unexpected member {info.filename!r}")
+        if info.flag_bits & 0x1 or info.compress_type not in STORED_AS:
+            raise CheckpointError(f"{path}: corrupt checkpoint ({info.filename} is encrypted "
+                                  f"or compressed as NumPy never writes)")
         entries[info.filename[:-4]] = info
     return entries
 
