@@ -30,7 +30,7 @@ from mpidp.training import (
 )
 from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import StepPeak, formula_bytes, model_state_bytes
-from mpidp.training.reducers import ReduceScatter
+from mpidp.training.sharded import ReduceScatter
 
 SIZES = [20, 16, 12, 5]  # 3 layers, P = 617: buckets straddle the shards of every N
 EPOCHS = 2  # 2 steps per epoch, 4 steps in all
