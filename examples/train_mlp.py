@@ -39,7 +39,7 @@ from mpidp import cli, watchdog
 from mpidp.trace import Tracer
 from mpidp.training import MLP, ShardSampler, data, outputs, resume, trainer
 from mpidp.training.memory import StepPeak, model_state_bytes
-from mpidp.training.mlp import array_module, softmax_cross_entropy
+from mpidp.training.mlp import device_module, softmax_cross_entropy
 
 PROG = "train_mlp.py"
 
@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     problem = trainer.problems(args, rank)
-    xp = array_module(args.device)
+    xp = device_module(args.device)
     ds = data.digits(seed=args.seed) if args.data == "digits" else data.synthetic(seed=args.seed)
     trainer.blas_threads(args.blas_threads)  # again: scikit-learn has loaded a BLAS of its own
     dtype = np.dtype(args.dtype)

@@ -18,9 +18,7 @@ from .training import (  # noqa: E402
     Adam,
     AdamW,
     DataParallel,
-    ShardedDataParallel,
     softmax_cross_entropy,
 )
 
-__all__ += ["Adam", "AdamW", "DataParallel", "MLP", "SGD", "ShardedDataParallel",
-            "softmax_cross_entropy"]
+__all__ += ["Adam", "AdamW", "DataParallel", "MLP", "SGD", "softmax_cross_entropy"]

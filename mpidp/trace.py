@@ -73,13 +73,13 @@ class Tracer:
         Forward and backward get a span per layer (``on_layer``, ``on_grad``: the
         time since the previous layer ended); after each synced backward, the
         wait for the buckets and each bucket's all-reduce, on a row of its own (with
-        ``piece_mb``, a mark where each piece completed). At each hook of backward
+        pieces, a mark where each piece completed). At each hook of backward
         (``on_grad``, ``on_rows``), a short mark on a bucket's row for each round it
         posted since the previous hook: where its rounds advanced during backward
         (seen at the hooks; with a progress thread they may have advanced earlier).
         """
         for b in ddp.buckets:
-            self.name_row(COMM + b.index, f"bucket {b.index} (L{','.join(map(str, b.layers))})")
+            self.name_row(COMM + b.index, f"bucket {b.index} (L{','.join(map(str, b.units))})")
         last = [0.0]  # when the previous layer ended
 
         def layer(what: str, i: int) -> None:
@@ -87,8 +87,7 @@ class Tracer:
             self.add(f"{what} L{i}", last[0], now, what)
             last[0] = now
 
-        forward, on_grad, backward = ddp.forward, ddp.on_grad, ddp.backward
-        on_rows = getattr(ddp, "on_rows", None)
+        forward, on_grad, on_rows, backward = ddp.forward, ddp.on_grad, ddp.on_rows, ddp.backward
         seen: dict = {}  # bucket -> rounds it had posted at the last hook
 
         def rounds_posted() -> None:
@@ -96,8 +95,7 @@ class Tracer:
             for b in ddp.buckets:
                 if b.request is None:  # (not `not b.request`: a request is falsy once done)
                     continue
-                reqs = b.request.started() if hasattr(b.request, "started") else [b.request]
-                posted = sum(r.rounds for r in reqs)
+                posted = sum(r.rounds for r in b.request.requests)  # its parts' rounds
                 for k in range(seen.get(b.index, 0) + 1, posted + 1):
                     self.mark(f"round {k}", now, "round", tid=COMM + b.index)
                 seen[b.index] = posted
@@ -133,8 +131,7 @@ class Tracer:
                     self.mark(f"piece {k} done", t0 + done, what, tid=COMM + row["bucket"])
 
         ddp.forward, ddp.on_grad, ddp.backward = traced_forward, traced_on_grad, traced_backward
-        if on_rows is not None:
-            ddp.on_rows = traced_on_rows
+        ddp.on_rows = traced_on_rows
         ddp.on_layer = lambda i: layer("forward", i)
 
     def chrome_events(self) -> list[dict]:

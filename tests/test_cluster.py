@@ -201,7 +201,8 @@ def rank_ddp() -> None:
             front.backward(d)
             opt.step()
         if ddp is not None:
-            designs[repr(ddp_kw)] = (ddp.across, ddp.progress, len(ddp._pieces) > 0)
+            designs[repr(ddp_kw)] = (ddp.across, ddp.thread and ddp.thread.kind,
+                                      len(ddp.reducer.pieces) > 0)
             ddp.close()
         return model.params
 
@@ -238,7 +239,8 @@ def rank_timeline(steps: int) -> None:
     y = rng.integers(0, 10, 2048)
     tracer = Tracer(rank)
     rows = []
-    with blas_threads(1), DataParallel(model, comm, bucket_mb=0, tracer=tracer) as ddp:
+    with blas_threads(1), DataParallel(model, comm, bucket_mb=0) as ddp:
+        tracer.follow(ddp)
         for _ in range(steps):
             comm.Barrier()
             t0 = time.perf_counter()  # every rank's step starts here, within microseconds
@@ -248,8 +250,8 @@ def rank_timeline(steps: int) -> None:
             start = ddp.t_backward - t0  # times from the step's start, comparable across ranks
             rows.append({"backward_end": start + ddp.timings["backward"],
                          "complete": [start + b["complete"] for b in ddp.bucket_times()]})
-        design = {"across": ddp.across, "progress": ddp.progress,
-                  "pieces": sum(map(len, ddp._pieces.values()))}
+        design = {"across": ddp.across, "progress": ddp.thread and ddp.thread.kind,
+                  "pieces": sum(map(len, ddp.reducer.pieces.values()))}
     marks = [e for e in tracer.events if e.get("ph") == "i" and e["name"].startswith("piece")]
     ranks = comm.gather(rows, root=0)
     if rank == 0:

@@ -18,6 +18,7 @@ from threadpoolctl import threadpool_limits
 import mpidp
 from mpidp.collectives import CountingComm
 from mpidp.training import MLP, SGD, DataParallel, ShardSampler, softmax_cross_entropy
+from mpidp.training.pieces import RowsOnly
 
 SIZES = [20, 16, 12, 5]  # 3 layers: with bucket_mb=0, 3 buckets in flight together
 N_SAMPLES, GLOBAL_BATCH, EPOCHS = 48, 24, 2  # 2 steps per epoch, 4 steps in all
@@ -137,11 +138,11 @@ def check_pieces_and_the_blocking_thread_equal_one_rank(comm):
     with DataParallel(MLP(SIZES, dtype="float64"), comm, bucket_mb=0,
                       piece_mb=PIECE_MB) as ddp:  # the pieces are there to test
         # one row of W1 (128 B), of W2 (96 B); two of W3 (40 B a row, 2.5 rounded down)
-        assert [len(ddp._pieces[b.index]) for b in ddp.buckets] == [6, 16, 20]
-        assert ddp.blocks == {1: list(range(1, 21)), 2: list(range(1, 17)),
+        assert [len(ddp.reducer.pieces[b.index]) for b in ddp.buckets] == [6, 16, 20]
+        assert ddp.row_stops == {1: list(range(1, 21)), 2: list(range(1, 17)),
                               3: list(range(2, 13, 2))}
     settings = [{"piece_mb": PIECE_MB}, {"piece_mb": PIECE_MB, "progress_thread": "wait"},
-                {"progress_thread": "wait"}, {"piece_mb": PIECE_MB, "pieces": False},
+                {"progress_thread": "wait"}, {"piece_mb": RowsOnly(PIECE_MB)},
                 {"piece_mb": 3 * PIECE_MB, "bucket_mb": 25, "progress_thread": "wait"},
                 {"piece_mb": PIECE_MB, "overlap": False}]
     for kw in settings:
@@ -167,7 +168,7 @@ def test_buckets_in_pieces_plan_no_whole_bucket_all_reduce(monkeypatch):
     monkeypatch.setattr(mpidp.collectives, "allreduce_init", counting)
     with DataParallel(MLP(SIZES, dtype="float64"), MPI.COMM_WORLD, bucket_mb=0,
                       piece_mb=PIECE_MB) as ddp:
-        pieces = [len(ddp._pieces[b.index]) for b in ddp.buckets]
+        pieces = [len(ddp.reducer.pieces[b.index]) for b in ddp.buckets]
         assert pieces == [6, 16, 20] and len(planned) == sum(pieces), planned
     planned.clear()
     with DataParallel(MLP(SIZES, dtype="float64"), MPI.COMM_WORLD, bucket_mb=0,
@@ -180,11 +181,11 @@ def check_the_default_on_one_host_is_plain_overlap_with_whole_buckets(comm):
     these ranks: on one host the cut products cost more than they hide, docs/overlap.md;
     across hosts, tests/test_cluster.py); no thread; deterministic mode never cuts."""
     with DataParallel(MLP(SIZES, dtype="float64"), comm) as ddp:
-        assert (ddp.across, ddp.progress, ddp.blocks, ddp._thread) == (False, None, None, None)
-        assert ddp._pieces == {}
+        assert (ddp.across, ddp.thread, ddp.row_stops) == (False, None, None)
+        assert ddp.reducer.pieces == {}
     with threadpool_limits(1, user_api="blas"), DataParallel(
             MLP(SIZES, dtype="float64"), comm, piece_mb=PIECE_MB, deterministic=True) as ddp:
-        assert ddp.blocks is None and ddp._pieces == {}
+        assert ddp.row_stops is None and ddp.reducer.pieces == {}
     with pytest.raises(ValueError, match="piece_mb"):
         DataParallel(MLP(SIZES), comm, piece_mb=0)
     with pytest.raises(ValueError, match="progress_thread"):
@@ -219,7 +220,8 @@ def check_no_sync_sends_nothing_and_the_synced_backward_reduces_the_sum(world):
 
 def check_broadcast_at_start_and_check_replicas_catches_a_drift(comm):
     model = MLP([6, 5, 3], dtype="float32", seed=100 + comm.Get_rank())
-    ddp = DataParallel(model, comm, debug=True)  # checks replicas after the broadcast
+    ddp = DataParallel(model, comm)
+    ddp.check_replicas()  # after the broadcast: the same
     rank0 = MLP([6, 5, 3], dtype="float32", seed=100)
     for k in model.params:
         assert np.array_equal(model.params[k], rank0.params[k])
@@ -236,7 +238,7 @@ def check_overlap_launches_buckets_during_backward_in_order(comm):
     ddp.forward(x)
     ddp.backward(softmax_cross_entropy(model.forward(x), y)[1])
     times = ddp.bucket_times()
-    assert [t["layers"] for t in times] == [[4], [3], [2], [1]]
+    assert [t["units"] for t in times] == [[4], [3], [2], [1]]
     launches = [t["launch"] for t in times]
     assert launches == sorted(launches)
     backward_end = ddp.timings["backward"]
@@ -252,13 +254,13 @@ def test_buckets_are_reverse_layer_order_and_grads_are_views_of_them():
     comm = MPI.COMM_SELF
     model = MLP([100, 300, 300, 10], dtype="float64", seed=0)  # W1 240 KB, W2 720 KB, W3 24 KB
     ddp = DataParallel(model, comm, bucket_mb=0.5, first_bucket_mb=0.01)
-    assert [b.layers for b in ddp.buckets] == [[3], [2], [1]]
+    assert [b.units for b in ddp.buckets] == [[3], [2], [1]]
     for b in ddp.buckets:
         for name in b.names:
             assert np.shares_memory(model.grads[name], b.flat)
     assert sum(b.flat.size for b in ddp.buckets) == model.num_params()
     one = DataParallel(MLP([100, 300, 300, 10], seed=0), comm)  # defaults: 25 MiB, first 1 MiB
-    assert [b.layers for b in one.buckets] == [[3, 2, 1]]
+    assert [b.units for b in one.buckets] == [[3, 2, 1]]
     with pytest.raises(ValueError, match="algorithm"):
         DataParallel(MLP([3, 2]), comm, algorithm="nope")
 
@@ -330,7 +332,7 @@ def check_the_progress_thread_completes_buckets_by_itself(comm):
         with DataParallel(model, comm, bucket_mb=0, progress_thread=thread,
                           algorithm="ring", piece_mb=piece_mb) as ddp:
             for b in ddp.buckets:
-                ddp._launch(b)  # what backward does; then this thread makes no MPI call
+                ddp.launch(b)  # what backward does; then this thread makes no MPI call
             deadline = time.monotonic() + 5.0
             while not all(b.request.done for b in ddp.buckets) and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -56,14 +56,14 @@ def rnd(*shape, seed=0):
 def test_layernorm_backward():
     x, w, b = rnd(2, 3, 5), 1 + 0.1 * rnd(5, seed=1), 0.1 * rnd(5, seed=2)
     check(lambda x, w, b: ops.layernorm_forward(x, w, b),
-          lambda d, c, dw, db: ops.layernorm_backward(d, c, dw, db),
+          lambda d, c, dw, db: ops.layernorm_backward(d, c, w, dw, db),
           {"x": x, "w": w, "b": b}, {"dw": "w", "db": "b"})
 
 
 def test_linear_backward():
     x, W, b = rnd(2, 3, 4), rnd(4, 6, seed=1), rnd(6, seed=2)
     check(lambda x, W, b: ops.linear_forward(x, W, b),
-          lambda d, c, dW, db: ops.linear_backward(d, c, dW, db),
+          lambda d, c, dW, db: ops.linear_backward(d, c, W, dW, db),
           {"x": x, "W": W, "b": b}, {"dW": "W", "db": "b"})
 
 
@@ -98,7 +98,7 @@ def test_embedding_and_head_backward():
           {"wte": wte, "wpe": wpe}, {"dwte": "wte", "dwpe": "wpe"})
     x = rnd(2, 3, 4, seed=2)
     check(lambda x, wte: ops.head_forward(x, wte),
-          lambda d, c, dwte: ops.head_backward(d, c, dwte),
+          lambda d, c, dwte: ops.head_backward(d, c, wte, dwte),
           {"x": x, "wte": wte}, {"dwte": "wte"})
 
 

@@ -36,7 +36,7 @@ def test_an_mlp_keeps_its_buckets_one_unit_per_layer():
     m = MLP([5, 4, 3, 2], dtype="float64")
     assert units(m) == [(3, ["W3", "b3"]), (2, ["W2", "b2"]), (1, ["W1", "b1"])]
     buckets = make_buckets(m, 0, 0)
-    assert [(b.layers, b.names) for b in buckets] == [([3], ["W3", "b3"]), ([2], ["W2", "b2"]),
+    assert [(b.units, b.names) for b in buckets] == [([3], ["W3", "b3"]), ([2], ["W2", "b2"]),
                                                       ([1], ["W1", "b1"])]
     assert {i: [b.index for b in bs] for i, bs in writers(m, buckets).items()} == \
         {1: [2], 2: [1], 3: [0]}
@@ -55,7 +55,7 @@ def test_a_tied_weight_belongs_to_the_bucket_of_its_last_unit_and_is_written_fro
     all_names = [n for b in buckets for n in b.names]
     assert sorted(all_names) == sorted(gpt.params)  # each parameter in exactly one bucket
     one = make_buckets(GPT(**CONFIG, dtype="float64"), 25 << 20, 1 << 20)
-    assert len(one) == 1 and one[0].layers == [4, 3, 2, 1]
+    assert len(one) == 1 and one[0].units == [4, 3, 2, 1]
 
 
 # ---------------------------------------------------------------- N ranks = 1 rank

@@ -96,8 +96,8 @@ def test_sgd_momentum_and_weight_decay_follow_the_pytorch_rule():
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_backward_in_row_blocks_equals_the_whole_and_reports_each_block(accumulate):
-    """`blocks` cuts each layer's products (dW by rows of W, dx by rows of the batch):
+def test_backward_by_rows_equals_the_whole_and_reports_each_slice(accumulate):
+    """`row_stops` cuts each layer's products (dW by rows of W, dx by rows of the batch):
     the gradients are those of the uncut backward (the finite-difference test above),
     and on_rows says which rows are written, in order, before the layer's on_grad."""
     rng = np.random.default_rng(4)
@@ -121,10 +121,10 @@ def test_backward_in_row_blocks_equals_the_whole_and_reports_each_block(accumula
             np.testing.assert_allclose(model.grads[f"b{i}"], whole[f"b{i}"], rtol=1e-14)
 
     model.forward(x)
-    blocks = {1: [2, 5, 9], 2: [7], 3: [1, 2, 3, 4, 5, 6]}  # uneven, whole, one row each
+    row_stops = {1: [2, 5, 9], 2: [7], 3: [1, 2, 3, 4, 5, 6]}  # uneven, whole, one row each
     model.backward(d, on_grad=lambda i: events.append(("grad", i)), accumulate=accumulate,
-                   blocks=blocks, on_rows=on_rows)
+                   row_stops=row_stops, on_rows=on_rows)
     for k in whole:
         np.testing.assert_allclose(model.grads[k], whole[k], rtol=1e-14, atol=1e-15, err_msg=k)
-    assert events == [(3, s) for s in blocks[3]] + [(3, None)] * 5 + [("grad", 3), (2, 7),
-                      ("grad", 2)] + [(1, s) for s in blocks[1]] + [("grad", 1)]
+    assert events == [(3, s) for s in row_stops[3]] + [(3, None)] * 5 + [("grad", 3), (2, 7),
+                      ("grad", 2)] + [(1, s) for s in row_stops[1]] + [("grad", 1)]

@@ -33,7 +33,8 @@ def test_trace_of_a_training_step_has_every_rank_layer_and_bucket(mpi_ranks, sha
     folder = shared_dir
     tracer = trace.Tracer(comm.Get_rank())
     model = MLP([8, 6, 5, 3], dtype="float64", seed=0)
-    ddp = DataParallel(model, comm, bucket_mb=0, tracer=tracer)
+    ddp = DataParallel(model, comm, bucket_mb=0)
+    tracer.follow(ddp)
     x, y = np.random.default_rng(0).standard_normal((4, 8)), np.array([0, 1, 2, 0])
     for _ in range(2):
         ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])

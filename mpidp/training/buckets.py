@@ -1,15 +1,6 @@
-"""Gradient buckets: units whose gradients share one flat buffer and one all-reduce.
+"""Gradient buckets: units whose gradients share one flat buffer and one reduction.
 
-The model protocol, the same for the MLP and the GPT (any model with these):
-
-    params, grads    dicts name -> array
-    layers           U, the number of units (an MLP layer; a GPT block, its
-                     embedding, its head), numbered 1 .. U in forward's order
-    names(i)         the parameters whose gradients unit i writes or adds to
-    forward(x, on_layer)       calls on_layer(i) after unit i, i = 1 .. U
-    backward(d, on_grad, accumulate)   calls on_grad(i) once unit i's gradients
-                     are written, i = U .. 1 (backward completes them in order)
-
+A model offers the protocol of `protocol.py` (units 1 .. U, ``names(i)``, the hooks).
 A parameter named by several units (a tied weight: the GPT's token embedding,
 written by its head, unit U, then added to by its embedding, unit 1) is
 complete once the last of them in backward's order is done: it belongs to that
@@ -18,25 +9,104 @@ it (`writers`: what ZeRO stage 2 allocates before each unit).
 
 The model's ``grads[name]`` become views into the buckets' buffers (PyTorch
 DDP's gradient_as_bucket_view), so backward writes each gradient straight into
-the buffer that is all-reduced, with no copy in or out.
+the buffer that is reduced, with no copy in or out.
+
+Each backward, a bucket's ``request`` is one `Reduction`: the requests of its
+parts (the whole bucket, or its pieces, `pieces.py`), started in order.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
+from .. import collectives as mp
+
 
 class Bucket:
-    """Units (``layers``) whose gradients share one flat buffer and one all-reduce."""
+    """Units whose gradients share one flat buffer and one reduction."""
 
-    __slots__ = ("index", "layers", "names", "flat", "pending", "plan", "request", "launched",
-                 "parts")
+    __slots__ = ("index", "units", "names", "flat", "pending", "plan", "request", "parts")
 
-    def __init__(self, index: int, layers: list[int], names: list[str], flat):
-        self.index, self.layers, self.names, self.flat = index, layers, names, flat
-        self.pending = len(layers)  # units not done yet in this backward
-        self.plan = None  # its persistent all-reduce (mpidp.allreduce_init), made once
-        self.request = None  # the run in flight (mpidp.Request)
-        self.launched = None  # perf_counter time of the last launch
+    def __init__(self, index: int, units: list[int], names: list[str], flat):
+        self.index, self.units, self.names, self.flat = index, units, names, flat
+        self.pending = len(units)  # units not done yet in this backward
+        self.plan = None  # its persistent reduction (mpidp.allreduce_init), made once
+        self.request = None  # this backward's `Reduction`, once something of it started
         self.parts = []  # deterministic mode: the earlier micro-shards' gradients, kept
+
+
+class Reduction:
+    """One backward's reduction of a bucket: its parts, each started once, in order.
+
+    A part is a callable that starts a reduction and returns its request: one part for
+    a whole bucket; one per piece for a bucket in pieces, started as backward writes
+    them (``marks``: (unit, rows written) -> the part it completes). Request-like:
+    ``Test()``, ``done``, ``rounds``; ``requests`` are the parts' started so far.
+    """
+
+    def __init__(self, parts: list[Callable], marks: dict | None = None):
+        self.parts, self.marks = parts, marks or {}
+        self.requests: list = []
+        self.launched_at: list[float] = []
+
+    def written(self, unit: int, rows: int) -> None:
+        """Unit's first `rows` rows are written: start every part up to the one they complete."""
+        k = self.marks.get((unit, rows))
+        if k is not None:
+            self._start(k + 1)
+
+    def start(self) -> None:
+        """Start every part not started yet."""
+        self._start(len(self.parts))
+
+    def _start(self, upto: int) -> None:
+        for part in self.parts[len(self.requests):upto]:
+            self.launched_at.append(time.perf_counter())
+            self.requests.append(part())
+
+    @property
+    def done(self) -> bool:
+        return len(self.requests) == len(self.parts) and all(r.done for r in self.requests)
+
+    def test(self) -> bool:
+        return mp.testall(self.requests) and len(self.requests) == len(self.parts)
+
+    def Test(self, status=None) -> bool:  # noqa: N802 - as a request's, for mp.waitall
+        return self.test()
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def rounds(self) -> int:
+        """As one request's: 1 + the rounds past each part's first."""
+        return 1 + sum(r.rounds - 1 for r in self.requests)
+
+    @property
+    def completed_at(self) -> float | None:
+        ends = [r.completed_at for r in self.requests]
+        return None if None in ends or not ends else max(ends)
+
+    def times(self) -> list[tuple[float, float | None]]:
+        """Each started part's launch and completion (perf_counter seconds)."""
+        return [(t, r.completed_at) for t, r in zip(self.launched_at, self.requests, strict=True)]
+
+
+def times(buckets: list[Bucket], nbytes, t0: float) -> list[dict]:
+    """Each bucket reduced in the last backward: its launch and completion, seconds after
+    `t0` (in pieces: its first piece's launch, its last one's completion, and ``pieces``:
+    each piece's launch and completion), and its bytes (``nbytes(b)``)."""
+    rows = []
+    for b in buckets:
+        if b.request is None or not b.request.done:
+            continue
+        row = {"bucket": b.index, "units": b.units, "bytes": nbytes(b),
+               "launch": b.request.launched_at[0] - t0, "complete": b.request.completed_at - t0}
+        if b.request.marks:
+            row["pieces"] = [(s - t0, e - t0) for s, e in b.request.times()]
+        rows.append(row)
+    return rows
 
 
 def units(m) -> list[tuple[int, list[str]]]:
@@ -63,7 +133,7 @@ def make_buckets(m, cap: float, first_cap: float) -> list[Bucket]:
     """Group model `m`'s units last-to-first into buckets; make its grads views of their buffers.
 
     A bucket closes once it holds `cap` bytes (the first one: `first_cap`), so
-    its all-reduce can start as soon as backward has completed its last unit.
+    its reduction can start as soon as backward has completed its last unit.
     """
     groups, group, size, held = [], [], 0, 0
     owned = dict(units(m))
@@ -79,8 +149,8 @@ def make_buckets(m, cap: float, first_cap: float) -> list[Bucket]:
     elif group:  # units that complete no parameter: their bucket waits for them too
         groups[-1].extend(group)
     buckets = []
-    for k, layers in enumerate(groups):
-        names = [n for i in layers for n in owned[i]]
+    for k, group in enumerate(groups):
+        names = [n for i in group for n in owned[i]]
         flat = m.xp.zeros(sum(m.grads[n].size for n in names), dtype=m.grads[names[0]].dtype)
         offset = 0
         for n in names:
@@ -89,5 +159,5 @@ def make_buckets(m, cap: float, first_cap: float) -> list[Bucket]:
             view[...] = g
             m.grads[n] = view  # rebind in the same dict: the optimizer sees the view
             offset += g.size
-        buckets.append(Bucket(k, layers, names, flat))
+        buckets.append(Bucket(k, group, names, flat))
     return buckets

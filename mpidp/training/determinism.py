@@ -10,6 +10,10 @@ gradients of all micro-shards, on all ranks, are then added by the exact sum
 (`mpidp.iallreduce_parts`), whose result depends only on the multiset of
 addends: N ranks give the bits of one rank on the global batch.
 
+The reducers' part of it is here too: `keep_apart` keeps each ``no_sync()``
+backward's gradients as a part of its bucket, and `exact` starts the exact average
+of a bucket's parts, all ranks'.
+
 What this module refuses, since it would break that claim silently:
 more than one BLAS thread, MKL without a fixed code path (``MKL_CBWR``), GPU
 arrays (cuBLAS picks kernels by heuristics), and a micro-shard size M that does
@@ -22,6 +26,8 @@ import math
 import os
 
 import numpy as np
+
+from .. import collectives as mp
 
 MAX_RANKS = 8  # the default micro-shard size serves every rank count up to this
 
@@ -70,3 +76,27 @@ def check_reproducible(xp=np) -> None:
         if lib.get("internal_api") == "mkl" and not os.environ.get("MKL_CBWR"):
             raise RuntimeError("deterministic training with MKL needs a fixed code path: "
                                "set MKL_CBWR (for example MKL_CBWR=COMPATIBLE)")
+
+
+def keep_apart(buckets, synced: bool) -> None:
+    """After a backward: inside ``no_sync()`` keep each bucket's gradients as one more part
+    (added later, exactly, with the others); after the synced one, drop the parts."""
+    for b in buckets:
+        if synced:
+            b.parts = []
+        else:
+            b.parts.append(b.flat.copy())
+
+
+def exact(comm, b, out, algorithm: str, counts=None):
+    """Start the exact average of bucket b's parts and its gradients, all ranks', into `out`.
+
+    ``counts``: reduce-scatter it instead (ZeRO), rank r's block into its `out`.
+    """
+    parts = [*b.parts, b.flat]
+    addends = comm.Get_size() * len(parts)  # every rank runs as many micro-shards
+    if counts is None:
+        return mp.iallreduce_parts(comm, parts, out, addends=addends, algorithm=algorithm,
+                                   average=True)
+    return mp.ireduce_scatter_parts(comm, parts, out, counts, addends=addends,
+                                    algorithm=algorithm, average=True)

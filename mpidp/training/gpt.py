@@ -8,12 +8,13 @@
     attn(x) = proj(causal multi-head softmax(q k^T / sqrt(hs)) v),  q, k, v = split(x @ Wqkv)
     mlp(x)  = fcproj(gelu(fc(x))),  fc: C -> 4C, fcproj: 4C -> C
 
-Each op is a pair in `layers.py`. The model follows the protocol that
-`DataParallel` relies on (the MLP's too): ``layers`` units, ``names(i)`` the
-parameters whose gradients unit i writes, ``forward(idx, on_layer)`` calling
-``on_layer(i)`` after unit i (1 .. layers), and ``backward(dlogits, on_grad)``
-calling ``on_grad(i)`` the moment unit i's gradients are written, from the last
-unit to the first. The token embedding ``wte`` is named by two units: the head
+Each op is a pair in `layers.py`. The model meets the protocol of `protocol.py`
+(the MLP's too): ``layers`` units, ``names(i)`` the parameters whose gradients
+unit i writes, ``forward(idx, on_layer)`` calling ``on_layer(i)`` after unit i
+(1 .. layers), and ``backward(dlogits, on_grad)`` calling ``on_grad(i)`` the
+moment unit i's gradients are written, from the last unit to the first; forward
+keeps activations only, backward reads the parameters from ``params``. The
+token embedding ``wte`` is named by two units: the head
 (unit L+2) writes its gradient first, the embedding (unit 1) adds to it, so
 ``wte``'s gradient is complete only when unit 1 is done (`buckets.py`).
 
@@ -40,7 +41,7 @@ import numpy as np
 
 from ..arrays import as_host
 from . import layers as ops
-from .mlp import array_module, softmax_cross_entropy
+from .mlp import device_module, softmax_cross_entropy
 
 BLOCK = ("ln1_g", "ln1_b", "attn_w", "attn_b", "proj_w", "proj_b",
          "ln2_g", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b")
@@ -50,17 +51,6 @@ def gpt_param_count(vocab: int, context: int, width: int, n_layer: int) -> int:
     """The docstring's formula: P = V·C + T·C + L·(12·C² + 13·C) + 2·C."""
     C = width
     return vocab * C + context * C + n_layer * (12 * C * C + 13 * C) + 2 * C
-
-
-def bare(cache):
-    """A cache without its last entry, the parameter (layer norm's w, linear's W, the head's
-    wte): backward reads the parameter again (`fill`), so that ZeRO stage 3 may free it."""
-    return (*cache[:-1], None)
-
-
-def fill(cache, param):
-    """The cache `bare` made, with its parameter back."""
-    return (*cache[:-1], param)
 
 
 def token_cross_entropy(logits, targets) -> tuple[float, object]:
@@ -96,7 +86,7 @@ class GPT:
         self.sizes = [self.vocab, self.context, self.n_layer, self.n_head, self.width]
         self.activation = "gelu"
         self.dtype = np.dtype(dtype)
-        self.xp = array_module(device)
+        self.xp = device_module(device)
         self.layers = n_layer + 2  # units: embedding, the blocks, final norm + head
         rng = np.random.default_rng(seed)
         C, V, T = self.width, self.vocab, self.context
@@ -142,27 +132,26 @@ class GPT:
         h, c_gelu = ops.gelu_forward(h)  # (B, T, 4C)
         h, c_fcproj = ops.linear_forward(h, p["fcproj_w"], p["fcproj_b"])  # (B, T, C)
         x = x + h  # (B, T, C) residual
-        return x, (bare(c_ln1), bare(c_qkv), c_att, bare(c_proj), bare(c_ln2), bare(c_fc),
-                   c_gelu, bare(c_fcproj))
+        return x, (c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj)
 
     def _block_backward(self, dx, cache, blk: int, acc: bool):
         g = {n: self.grads[f"h{blk}.{n}"] for n in BLOCK}
         p = {n: self.params[f"h{blk}.{n}"] for n in BLOCK}
         c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj = cache
-        dh = ops.linear_backward(dx, fill(c_fcproj, p["fcproj_w"]), g["fcproj_w"], g["fcproj_b"],
+        dh = ops.linear_backward(dx, c_fcproj, p["fcproj_w"], g["fcproj_w"], g["fcproj_b"],
                                  acc)  # (B, T, 4C)
         dh = ops.gelu_backward(dh, c_gelu)  # (B, T, 4C)
-        dh = ops.linear_backward(dh, fill(c_fc, p["fc_w"]), g["fc_w"], g["fc_b"], acc)  # (B, T, C)
-        dx = dx + ops.layernorm_backward(dh, fill(c_ln2, p["ln2_g"]), g["ln2_g"], g["ln2_b"],
+        dh = ops.linear_backward(dh, c_fc, p["fc_w"], g["fc_w"], g["fc_b"], acc)  # (B, T, C)
+        dx = dx + ops.layernorm_backward(dh, c_ln2, p["ln2_g"], g["ln2_g"], g["ln2_b"],
                                          acc)  # residual
-        da = ops.linear_backward(dx, fill(c_proj, p["proj_w"]), g["proj_w"], g["proj_b"], acc)
+        da = ops.linear_backward(dx, c_proj, p["proj_w"], g["proj_w"], g["proj_b"], acc)
         da = ops.attention_backward(da, c_att)  # (B, T, 3C)
-        dh = ops.linear_backward(da, fill(c_qkv, p["attn_w"]), g["attn_w"], g["attn_b"], acc)
+        dh = ops.linear_backward(da, c_qkv, p["attn_w"], g["attn_w"], g["attn_b"], acc)
         # the key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
         # is exactly 0; written so, rather than as rounding noise that Adam would scale up and
         # that would make N ranks differ from one rank by more than rounding
         g["attn_b"][self.width:2 * self.width] = 0
-        return dx + ops.layernorm_backward(dh, fill(c_ln1, p["ln1_g"]), g["ln1_g"], g["ln1_b"],
+        return dx + ops.layernorm_backward(dh, c_ln1, p["ln1_g"], g["ln1_g"], g["ln1_b"],
                                            acc)  # (B, T, C)
 
     # ------------------------------------------------------------ the model
@@ -183,7 +172,7 @@ class GPT:
         x, c_lnf = ops.layernorm_forward(x, self.params["lnf_g"], self.params["lnf_b"])
         logits, c_head = ops.head_forward(x, self.params["wte"])  # (B, T, V)
         hook(self.layers)
-        self.cache = (c_emb, blocks, bare(c_lnf), bare(c_head))
+        self.cache = (c_emb, blocks, c_lnf, c_head)
         return logits
 
     def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
@@ -199,9 +188,9 @@ class GPT:
         hook = on_grad or (lambda i: None)
         c_emb, blocks, c_lnf, c_head = self.cache
         g = self.grads
-        dx = ops.head_backward(dlogits, fill(c_head, self.params["wte"]), g["wte"],
+        dx = ops.head_backward(dlogits, c_head, self.params["wte"], g["wte"],
                                accumulate)  # (B, T, C), wte's first part
-        dx = ops.layernorm_backward(dx, fill(c_lnf, self.params["lnf_g"]), g["lnf_g"],
+        dx = ops.layernorm_backward(dx, c_lnf, self.params["lnf_g"], g["lnf_g"],
                                     g["lnf_b"], accumulate)
         hook(self.layers)
         for blk in range(self.n_layer, 0, -1):

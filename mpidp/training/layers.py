@@ -1,8 +1,9 @@
-"""The transformer's ops, each a ``forward -> out, cache`` / ``backward(dout, cache)`` pair.
+"""The transformer's ops, each a ``forward -> out, cache`` / ``backward(dout, cache, ...)`` pair.
 
 In the style of llm.c's ``layernorm.py`` and `mlp.py`: ``forward`` returns its
-output and what backward needs; ``backward(dout, cache)`` returns the input
-gradient and writes (or, with ``accumulate``, adds) the parameter gradients
+output and the activations backward needs (no parameter: backward is given the
+parameters it reads, as llm.c's C backward passes are); ``backward`` returns the
+input gradient and writes (or, with ``accumulate``, adds) the parameter gradients
 into the arrays it is given, so they may be views of DataParallel's buckets.
 Shapes: B sequences of T tokens, C channels, V tokens in the vocabulary, nh
 heads of hs = C / nh channels. Every op is checked against central finite
@@ -75,12 +76,12 @@ def layernorm_forward(x, w, b, eps: float = 1e-5):
     rstd = (var + eps) ** -0.5  # (B, T, 1)
     norm = xc * rstd  # (B, T, C)
     out = norm * w + b  # (B, T, C)
-    return out, (norm, rstd, w)
+    return out, (norm, rstd)
 
 
-def layernorm_backward(dout, cache, dw, db, accumulate: bool = False):
-    """dx of layer norm; dw, db written in place. dout, dx: (B, T, C)."""
-    norm, rstd, w = cache
+def layernorm_backward(dout, cache, w, dw, db, accumulate: bool = False):
+    """dx of layer norm with gain w; dw, db written in place. dout, dx: (B, T, C)."""
+    norm, rstd = cache
     C = dout.shape[-1]
     _put(dw, (dout * norm).reshape(-1, C).sum(axis=0), accumulate)  # (C,)
     _put(db, dout.reshape(-1, C).sum(axis=0), accumulate)  # (C,)
@@ -96,12 +97,12 @@ def layernorm_backward(dout, cache, dw, db, accumulate: bool = False):
 def linear_forward(x, W, b):
     """out = x @ W + b over the last axis."""
     out = x @ W + b  # (B, T, out) = (B, T, in) @ (in, out) + (out,)
-    return out, (x, W)
+    return out, x
 
 
-def linear_backward(dout, cache, dW, db, accumulate: bool = False):
-    """dx; dW, db written in place. dout: (B, T, out)."""
-    x, W = cache  # (B, T, in), (in, out)
+def linear_backward(dout, cache, W, dW, db, accumulate: bool = False):
+    """dx of x @ W + b; dW, db written in place. dout: (B, T, out), W: (in, out)."""
+    x = cache  # (B, T, in)
     x2, d2 = x.reshape(-1, x.shape[-1]), dout.reshape(-1, dout.shape[-1])  # (BT, in), (BT, out)
     _put(dW, x2.T @ d2, accumulate)  # (in, out)
     _put(db, d2.sum(axis=0), accumulate)  # (out,)
@@ -167,12 +168,12 @@ def attention_backward(dout, cache):
 
 def head_forward(x, wte):
     """logits = x @ wte^T: the output head shares the token embedding's matrix."""
-    return x @ wte.T, (x, wte)  # (B, T, V) = (B, T, C) @ (C, V)
+    return x @ wte.T, x  # (B, T, V) = (B, T, C) @ (C, V)
 
 
-def head_backward(dout, cache, dwte, accumulate: bool = False):
+def head_backward(dout, cache, wte, dwte, accumulate: bool = False):
     """dx; the head's part of dwte written (or added) first, the embedding's added later."""
-    x, wte = cache  # (B, T, C), (V, C)
+    x = cache  # (B, T, C); wte: (V, C)
     V, C = wte.shape
     _put(dwte, dout.reshape(-1, V).T @ x.reshape(-1, C), accumulate)  # (V, C)
     return dout @ wte  # (B, T, C)

@@ -1,7 +1,7 @@
 """A multilayer perceptron with a hand-written backward pass (no autograd).
 
 Layer i (1-based) is ``h_i = act(h_{i-1} @ W_i + b_i)``; the last layer has no
-activation and gives the logits. Each piece is a pair of functions in the style
+activation and gives the logits. Each op is a pair of functions in the style
 of Karpathy's micrograd / llm.c: ``forward`` returns ``out, cache``;
 ``backward(dout, cache)`` returns the input gradient.
 
@@ -10,6 +10,8 @@ of Karpathy's micrograd / llm.c: ``forward`` returns ``out, cache``;
 ``MLP.backward`` runs the layers from last to first and calls ``on_grad(i)`` the
 moment dW_i and db_i are written: this is where data parallelism starts layer
 i's gradient all-reduce while layers i-1 .. 1 are still being differentiated.
+The model meets `protocol.py`, its optional part too: with ``row_stops`` a
+layer's dW is computed in slices of rows (`linear_backward_by_rows`).
 
 Gradients are written *into* ``model.grads[name]`` (``out=``), never by
 rebinding the dict entry, so `DataParallel` can make those arrays views of its
@@ -27,7 +29,7 @@ import numpy as np
 from ..arrays import array_module as xp_of
 
 
-def array_module(device: str = "cpu"):
+def device_module(device: str = "cpu"):
     """NumPy for ``"cpu"``, CuPy for ``"gpu"`` (imported only when asked for)."""
     if device == "cpu":
         return np
@@ -59,23 +61,22 @@ def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool
         dW += x.T @ dout  # (in, out)
         db += dout.sum(axis=0)  # (out,)
     else:
-        # matmul, not x.T.dot(dout, out=dW): with NumPy's OpenBLAS, dot() into an out=
-        # runs 20% slower whole and 50% slower on a row block (docs/overlap.md)
+        # matmul, not x.T.dot(dout, out=dW): with OpenBLAS, dot() into an out= is slower
+        # (docs/overlap.md)
         xp_of(dout).matmul(x.T, dout, out=dW)  # (in, out), straight into the bucket view
         dout.sum(axis=0, out=db)  # (out,)
     return dout @ W.T if need_dx else None  # (B, in)
 
 
-def linear_backward_blocked(dout, cache, dW, db, stops, accumulate: bool = False,
+def linear_backward_by_rows(dout, cache, dW, db, stops, accumulate: bool = False,
                             need_dx: bool = True, on_rows=None):
-    """`linear_backward` in row blocks: db, then dW's rows [0, stops[0]), [stops[0],
-    stops[1]) ..., then dx in as many blocks of the batch's rows; ``on_rows(stop)``
-    after each dW block (rows [0, stop) and db are written) and ``on_rows(None)``
-    after each dx block but the last (a point where communication can progress).
+    """`linear_backward` in slices of rows: db, then dW's rows [0, stops[0]), [stops[0],
+    stops[1]) ..., then dx in as many slices of the batch's rows; ``on_rows(stop)``
+    after each dW slice (rows [0, stop) and db are written) and ``on_rows(None)``
+    after each dx slice but the last.
 
     Every element is computed from the same operands as in `linear_backward`; only
-    the matrix products are cut (BLAS may round a cut product differently: not for
-    deterministic mode, `DataParallel` does not cut there).
+    the matrix products are cut (BLAS may round a cut product differently).
     """
     x, W = cache  # (B, in), (in, out)
     if accumulate:
@@ -88,7 +89,7 @@ def linear_backward_blocked(dout, cache, dW, db, stops, accumulate: bool = False
         if accumulate:
             dW[start:stop] += xs @ dout  # (rows, out)
         else:
-            xp_of(dout).matmul(xs, dout, out=dW[start:stop])  # (rows, out), into the bucket view
+            xp_of(dout).matmul(xs, dout, out=dW[start:stop])  # (rows, out), in place
         if on_rows is not None:
             on_rows(stop)
         start = stop
@@ -164,6 +165,8 @@ class MLP:
         device: ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy).
     """
 
+    cuts_rows = True  # backward takes row_stops and on_rows (protocol.py)
+
     def __init__(self, sizes, activation: str = "relu", dtype="float32", seed: int = 0,
                  device: str = "cpu"):
         if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
@@ -173,7 +176,7 @@ class MLP:
         self.sizes = [int(s) for s in sizes]
         self.activation = activation
         self.dtype = np.dtype(dtype)
-        self.xp = array_module(device)
+        self.xp = device_module(device)
         self.layers = len(sizes) - 1
         rng = np.random.default_rng(seed)
         gain = 2.0 if activation == "relu" else 1.0
@@ -202,26 +205,24 @@ class MLP:
             act_cache = None
             if i < self.layers:
                 h, act_cache = act_forward(h)  # (B, D_i)
-            # not W (nor a name bound to it past on_layer): backward reads it from params
-            # again, so that ZeRO stage 3 may free a gathered W after its layer
-            caches.append((x_in, act_cache))
+            caches.append((x_in, act_cache))  # activations only: backward reads W anew
             if on_layer is not None:
                 on_layer(i)
         self.cache = caches
         return h  # (B, C)
 
     def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
-                 accumulate: bool = False, blocks: dict | None = None,
+                 accumulate: bool = False, row_stops: dict | None = None,
                  on_rows: Callable[[int, int | None], None] | None = None) -> None:
         """Fill ``grads`` from the last layer to the first; ``on_grad(i)`` after layer i.
 
         Args:
             dlogits: (B, C) gradient of the loss with respect to the logits.
             accumulate: add to ``grads`` (micro-batches) instead of overwriting them.
-            blocks: layer i -> the row stops of W_i at which its backward is cut
-                (`linear_backward_blocked`); a layer not in it runs whole.
-            on_rows: ``on_rows(i, stop)`` after each block of layer i (stop: rows of
-                dW_i written so far, db_i too; None: a block of dx).
+            row_stops: layer i -> the row stops of W_i at which its backward is cut
+                (`linear_backward_by_rows`); a layer not in it runs whole.
+            on_rows: ``on_rows(i, stop)`` after each slice of layer i (stop: rows of
+                dW_i written so far, db_i too; None: a slice of dx).
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
@@ -232,14 +233,14 @@ class MLP:
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
             dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
-            lin_cache = (x_in, self.params[f"W{i}"])  # W read again: stage 3 gathers it anew
-            if blocks and i in blocks:
+            lin_cache = (x_in, self.params[f"W{i}"])  # (B, in), (in, out)
+            if row_stops and i in row_stops:
                 rows = None if on_rows is None else (lambda stop, i=i: on_rows(i, stop))
-                dout = linear_backward_blocked(dout, lin_cache, dW, db, blocks[i], accumulate,
-                                               need_dx=i > 1, on_rows=rows)
+                dout = linear_backward_by_rows(dout, lin_cache, dW, db, row_stops[i],
+                                               accumulate, need_dx=i > 1, on_rows=rows)
             else:
                 dout = linear_backward(dout, lin_cache, dW, db, accumulate, need_dx=i > 1)
-            del lin_cache
+            del lin_cache  # W is the caller's again once its layer is done
             if on_grad is not None:
                 on_grad(i)
         self.cache = None  # free the activations, as autograd does

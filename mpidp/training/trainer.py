@@ -103,7 +103,7 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
                    choices=["wait", "poll"],
                    help="advance the reductions from a background thread too: bare or "
                         "poll, one that polls every 100 us; wait, one that blocks in MPI on "
-                        "them (default: none; docs/overlap.md says why)")
+                        "them (default: none; docs/overlap.md)")
     p.add_argument("--piece-mb", type=piece_mb, default="auto",
                    help="reduce each layer's gradient in pieces of this many MiB as backward "
                         "writes them (auto: across hosts only, sized by the cost model; "
@@ -198,11 +198,16 @@ def problems(args: argparse.Namespace, rank: int) -> str | None:
 
 
 def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataParallel:
-    """`DataParallel` (with --zero, ZeRO's reducer) as the flags ask."""
-    return DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
-                        args.algorithm, args.progress_thread or False, args.debug, tracer,
-                        zero=args.zero, optimizer=opt, deterministic=args.deterministic,
-                        piece_mb=args.piece_mb)
+    """`DataParallel` (with --zero, ZeRO's reducer) as the flags ask, followed by `tracer`;
+    with --debug, the replicas checked after the broadcast."""
+    ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
+                       args.algorithm, args.progress_thread or False, zero=args.zero,
+                       optimizer=opt, deterministic=args.deterministic, piece_mb=args.piece_mb)
+    if args.debug:
+        ddp.check_replicas()
+    if tracer is not None:
+        tracer.follow(ddp)
+    return ddp
 
 
 def finish(args: argparse.Namespace, ddp: DataParallel, tracer, comm, dog, rank: int) -> None:
