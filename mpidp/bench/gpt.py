@@ -119,7 +119,7 @@ def run_modes(comm, args, tracer=None) -> dict:
             m.step(keep=i >= args.warmup)
     out = {mode: m.times for mode, m in modes.items()}
     b = modes["overlap"].ddp.buckets
-    out["layout"] = [{"bucket": k.index, "units": k.layers, "names": k.names,
+    out["layout"] = [{"bucket": k.index, "units": k.units, "names": k.names,
                       "bytes": int(k.flat.nbytes)} for k in b]
     for m in modes.values():
         if m.ddp is not None:

@@ -41,6 +41,7 @@ from mpi4py import MPI
 from .. import files
 from ..collectives import api
 from ..training import MLP, SGD, DataParallel, softmax_cross_entropy
+from ..training.pieces import RowsOnly
 from ..training.trainer import blas_threads
 from .output import HelpFormatter, figure_format
 
@@ -59,12 +60,12 @@ def settings(mode: str, args) -> dict | None:
         return common
     common.update(progress_thread=False, piece_mb=None)
     return {"compute": None,
-            "compute+blocks": {**common, "piece_mb": piece, "pieces": False},
+            "compute+blocks": {**common, "piece_mb": RowsOnly(piece)},
             "serial": {**common, "overlap": False},
             "overlap": common,
             "overlap+thread": {**common, "progress_thread": "poll"},
             "overlap+wait": {**common, "progress_thread": "wait"},
-            "overlap+blocks": {**common, "piece_mb": piece, "pieces": False},
+            "overlap+blocks": {**common, "piece_mb": RowsOnly(piece)},
             "overlap+pieces": {**common, "piece_mb": piece},
             "pieces+wait": {**common, "piece_mb": piece, "progress_thread": "wait"}}[mode]
 
@@ -126,7 +127,7 @@ class Mode:
         self.ddp = None if kw is None else DataParallel(self.model, comm, **kw)
         self.blocks = None  # compute+blocks: backward cut as the pieces modes cut it, alone
         if mode == "compute+blocks":
-            self.blocks = self.ddp.blocks
+            self.blocks = self.ddp.row_stops
             self.ddp.close()
             self.ddp = None
         self.out = {"step": [], "cpu": [], "sys": [], "backward": [], "exposed": [], "buckets": []}
@@ -139,7 +140,7 @@ class Mode:
         _, dlogits = softmax_cross_entropy(logits, y)
         if ddp is None:
             t_backward = time.perf_counter()  # backward alone, as ddp.timings measures it
-            model.backward(dlogits, blocks=self.blocks)
+            model.backward(dlogits, row_stops=self.blocks)
             backward, exposed = time.perf_counter() - t_backward, 0.0
         else:
             ddp.backward(dlogits)
@@ -157,10 +158,11 @@ class Mode:
 
     def close(self) -> dict:
         if self.ddp is not None:
-            self.out["layout"] = [(b.layers, int(b.flat.nbytes)) for b in self.ddp.buckets]
-            self.out["design"] = {"progress_thread": self.ddp.progress,  # as resolved
-                                  "pieces": sum(map(len, self.ddp._pieces.values())),
-                                  "blocks": self.ddp.blocks is not None}
+            self.out["layout"] = [(b.units, int(b.flat.nbytes)) for b in self.ddp.buckets]
+            thread = self.ddp.thread
+            self.out["design"] = {"progress_thread": thread and thread.kind,  # as resolved
+                                  "pieces": sum(map(len, self.ddp.reducer.pieces.values())),
+                                  "blocks": self.ddp.row_stops is not None}
             self.ddp.close()
         return self.out
 
