@@ -126,10 +126,13 @@ def diagnosed(tmp_path_factory):
                [n for n in SCENARIOS if SCENARIOS[n][2] and not OPEN_MPI]]
     for batch in batches:
         out.update(_launch(base, batch))
-    # The killed rank's job is launched once more if the others left no diagnosable
-    # record: Hydra's teardown after a SIGKILL races their dumps (seen once in a full
-    # suite run, not reproduced alone). The second launch is judged as strictly.
-    if "killed" in out and not _diagnosed_as(out["killed"], "killed"):
+    # The killed rank's job is launched again (twice at most) if the others left no
+    # diagnosable record: Hydra's teardown after a SIGKILL races their dumps (seen in full
+    # suite runs at load 8-10, twice in a row once; not reproduced alone). Each launch is
+    # judged as strictly.
+    for _ in range(2):
+        if "killed" not in out or _diagnosed_as(out["killed"], "killed"):
+            break
         out.update(_launch(tmp_path_factory.mktemp("hangs-again"), ["killed"]))
     return out
 
