@@ -42,8 +42,10 @@ def test_deterministic_is_the_same_bits_on_1_to_4_ranks_and_fsdp2_equals_gloo(mp
     reference = {}
 
     def deterministic(k, mp, gl):
-        wrong = []  # asserted after both runs: a rank that raised early would leave the
-        for dtype in ("float32", "float64"):  # others waiting in the next run's collectives
+        # asserted after the runs: a rank that raised early would leave the others waiting
+        # in the next run's collectives. float64 on N = 1 and 3 only (the suite's time)
+        wrong = []
+        for dtype in ("float32", "float64") if k in (1, 3) else ("float32",):
             args = tt.parse_args(TINY + ["--deterministic", "--micro-batch", "2", "--dtype", dtype])
             first, last, params = tt.train(args, mp)
             if not last < first:
@@ -68,4 +70,4 @@ def test_deterministic_is_the_same_bits_on_1_to_4_ranks_and_fsdp2_equals_gloo(mp
                 torch.testing.assert_close(a, b, msg=f"N={k} FSDP2: {name}")
 
     on_each_size(range(1, 5), deterministic)
-    on_each_size(range(1, 5), fsdp)
+    on_each_size((2, 4), fsdp)  # bitwise on 2, to rounding on 4 (the most orders of addition)
