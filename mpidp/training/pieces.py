@@ -60,8 +60,8 @@ class RowsOnly:
     progress calls between slices, and the buckets reduced whole (what the overlap
     benchmark compares)."""
 
-    def __init__(self, mb: float):
-        self.mb = float(mb)
+    def __init__(self, mb: float | str):
+        self.mb = mb if mb == "auto" else float(mb)  # "auto": the pieces' size rule
 
 
 def check(piece_mb) -> None:
