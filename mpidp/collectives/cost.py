@@ -54,7 +54,7 @@ from .. import config
 from . import placement
 from .algorithms import entry
 from .algorithms.blocks import Blocks
-from .algorithms.halving import recursive_doubling_allreduce
+from .algorithms.doubling import recursive_doubling_allreduce
 from .algorithms.hosts import members, spans_hosts
 from .algorithms.ops import MAX, SUM
 from .algorithms.rounds import Recv, Rounds, Send
