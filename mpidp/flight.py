@@ -85,11 +85,13 @@ def folder() -> str:
 
 
 # An entry is a list, not an object: it is made on every call's path, and a list of
-# nine costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us). The
+# ten costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us). The
 # call site is kept as the frame's code object and its instruction offset (`site`
 # makes file:line of them when a dump is taken): a frame's f_lineno searches the
 # code's line table.
-SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
+SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST, RUNNING = range(10)
+# RUNNING: what the blocking driver (`engine.driver.run`) hands over while a blocking call
+# runs: its `Request` under a deadline, else (rounds done, the round in flight); None after
 _time = time.time
 _getframe = sys._getframe
 # where the last call site was: the depth above Recorder.add of the frame below it
@@ -118,30 +120,15 @@ def site(entry: list) -> tuple[str, int | None]:
     return code.co_filename, code.co_firstlineno
 
 
-# The blocking driver, as `collectives/engine/driver.py` names it when it is imported
-# (the recorder stands beneath the collectives and imports none of them): the code of
-# its `run`, whose frame holds the request a deadline interrupted, and its `Request`.
-_driver: tuple = (None, None)
-
-
-def know_driver(run_code, request_class) -> None:
-    """Called once by the driver: what `fail` and a dump look for in a stack."""
-    global _driver
-    _driver = (run_code, request_class)
-
-
 def fail(entry: list, e: BaseException) -> None:
-    """The call of `entry` raised `e`. A deadline's TimeoutError leaves it in flight: its
-    request (from the blocking driver's frame) is kept for the dump to read its round."""
+    """The call of `entry` raised `e`. A deadline's TimeoutError leaves it in flight: the
+    request the blocking driver handed over (`RUNNING`) is kept for the dump to read its
+    round."""
     entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
     if isinstance(e, TimeoutError):
         entry[STATE] = TIMED_OUT
-        run_code = _driver[0]
-        tb = e.__traceback__
-        while tb is not None and entry[REQUEST] is None:
-            if tb.tb_frame.f_code is run_code:
-                entry[REQUEST] = tb.tb_frame.f_locals.get("request")
-            tb = tb.tb_next
+        if entry[REQUEST] is None and not isinstance(entry[RUNNING], tuple):
+            entry[REQUEST] = entry[RUNNING]
 
 
 class Recorder:
@@ -175,7 +162,7 @@ class Recorder:
 
     def add(self, seq) -> list:
         """Record a call numbered `seq`, made from the first frame outside mpidp: the
-        entry [seq, code, offset, time, state, signed, tag, error, request].
+        entry [seq, code, offset, time, state, signed, tag, error, request, running].
 
         Walking up frame by frame makes a frame object of each (`_walk`); most calls
         come the way the last one did, so the frame where the last site was is tried
@@ -190,7 +177,7 @@ class Recorder:
         if f is None or f.f_code is not code or below.f_code is not below_code:
             f = _walk()
             code = f.f_code
-        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
+        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None, None]
         self.append(entry)
         if self.agreeing is not None and self.agreeing.progress():  # the id's numbers in
             self.agreeing = None
@@ -270,25 +257,20 @@ def _peers_of(round_, flags) -> list[dict]:
             for i, m in enumerate(msgs) if flags is None or i >= len(flags) or not flags[i]]
 
 
-def _live(entry: list, frames) -> dict:
+def _live(entry: list) -> dict:
     request = entry[REQUEST]
     if request is not None and hasattr(request, "_lock"):
         return _round_of(request)
-    run_code, request_class = _driver  # the blocking driver's frame holds what it runs
-    for frame in frames:
-        f = frame
-        while f is not None:
-            if f.f_code is run_code and f.f_locals.get("tag") == entry[TAG]:
-                loc = f.f_locals
-                if isinstance(loc.get("request"), request_class):
-                    return _round_of(loc["request"])
-                return {"round": loc.get("count", 0) + 1, "done": False,
-                        "pending": _peers_of(loc.get("round_"), None)}
-            f = f.f_back
+    running = entry[RUNNING]  # a blocking call's, handed over by the driver
+    if isinstance(running, tuple):
+        count, round_ = running
+        return {"round": count + 1, "done": False, "pending": _peers_of(round_, None)}
+    if running is not None:
+        return _round_of(running)
     return {}
 
 
-def _entry(e: list, frames) -> dict:
+def _entry(e: list) -> dict:
     file, line = site(e)
     d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": file, "line": line,
          "site": f"{file}:{line}", "t": e[T],
@@ -308,7 +290,7 @@ def _entry(e: list, frames) -> dict:
     if e[ERROR] is not None:
         d["error"] = e[ERROR]
     if d["state"] in (PLANNED, STARTED, TIMED_OUT):
-        d.update(_live(e, frames))
+        d.update(_live(e))
     return d
 
 
@@ -349,7 +331,7 @@ def record(reason: str, error: BaseException | None = None) -> dict:
         comms.append({"id": cid, "how": r.how, "size": r.size, "rank": r.rank,
                       "members": r.members,
                       **({"parts": list(agreement.parts)} if agreement else {}),
-                      "calls": [_entry(e, frames.values()) for e in calls]})
+                      "calls": [_entry(e) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
             "host": socket.gethostname(), "pid": os.getpid(),
             "ppid": os.getppid(), "reason": reason,

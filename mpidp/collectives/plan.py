@@ -250,7 +250,8 @@ class Plan:
             entry[STATE] = STARTED
             call.state.flight.started()
         try:
-            run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free)
+            run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free,
+                entry)
         except BaseException as e:
             if entry is not None:
                 flight.fail(entry, e)
