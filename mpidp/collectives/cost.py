@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -58,6 +57,7 @@ from .algorithms.doubling import recursive_doubling_allreduce
 from .algorithms.hosts import members, spans_hosts
 from .algorithms.ops import MAX, SUM
 from .algorithms.rounds import Recv, Rounds, Send
+from .bounded import Bounded
 from .checks import check_algorithm
 from .engine.driver import run
 from .state import state
@@ -111,7 +111,6 @@ def link_bytes(algorithm: str, hosts, G: float) -> float:
     return entry("allreduce", algorithm).cost(len(hosts), G, tuple(hosts)).link
 
 
-@lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
 def best(m: Model, collective: str, names: tuple, nbytes: int, p: int,
          hosts: tuple | None = None) -> str:
     """The name in `names` with the smallest predicted time (ties: the first listed)."""
@@ -141,10 +140,9 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     if name is None:
         hosts = placement.placement(comm)  # learned once, where every rank comes in order
         m = model(comm)
-        if len(st.choices) > 4096:  # a run with ever new sizes: start again
-            st.choices.clear()
-        name = st.choices[question] = best(m, collective, names[:-1], nbytes, comm.Get_size(),
-                                           hosts if spans_hosts(hosts) else None)
+        name = st.choices.remember(question, best(m, collective, names[:-1], nbytes,
+                                                  comm.Get_size(),
+                                                  hosts if spans_hosts(hosts) else None))
     return name
 
 
@@ -156,7 +154,7 @@ def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
     for name, value in ((k, v) for k, v in m._asdict().items() if not 0 <= v < math.inf):
         raise ValueError(f"cost model {name}={value}: expected a finite number >= 0")
     st = state(comm)
-    st.model, st.choices, st.setups = m, {}, {}  # answers under the old model are stale
+    st.model, st.choices, st.setups = m, Bounded(), Bounded()  # the old model's are stale
     return m
 
 

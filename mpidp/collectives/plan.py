@@ -143,9 +143,7 @@ class Call:
         except TypeError:  # an unhashable argument: build() says what is wrong with it
             return build()
         if found is None:
-            if len(setups) > 4096:  # ever new sizes: start again
-                setups.clear()
-            found = setups[key] = build()
+            found = setups.remember(key, build())
         return found
 
     def agree(self, collective: str, **described) -> None:
