@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp import flight
+from mpidp import flight, recorder
 from mpidp.collectives.state import state
 
 
@@ -116,12 +116,12 @@ def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
             wrapped.Iallreduce(MPI.IN_PLACE, x).Wait(); lines.append(sys._getframe().f_lineno)  # noqa: E702
     assert [c["site"] for c in calls_of(comm)] == [f"{__file__}:{n}" for n in lines]
     walked = []
-    real, flight._walk = flight._walk, lambda: walked.append(1) or real()
+    real, recorder._walk = recorder._walk, lambda: walked.append(1) or real()
     try:
         for _ in range(3):  # the way the last one came: found without walking up
             mpidp.allreduce(comm, MPI.IN_PLACE, x); line = sys._getframe().f_lineno  # noqa: E702
     finally:
-        flight._walk = real
+        recorder._walk = real
     assert walked == [] and calls_of(comm)[-1]["line"] == line
     comm.Free()
 

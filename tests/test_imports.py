@@ -12,6 +12,7 @@ from test_collectives_imports import ROOT, imported, module_name
 
 # imported by everything, importing (of mpidp) only each other: docs/architecture.md
 BENEATH = {"mpidp.arrays", "mpidp.config", "mpidp.files", "mpidp.untrusted", "mpidp.flight",
+           "mpidp.recorder",
            "mpidp.commid", "mpidp.units",
            "mpidp.farewell", "mpidp.trace", "mpidp.timeline"}
 
