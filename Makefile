@@ -142,7 +142,7 @@ gpu-check: $(STAMP)
 	$(PY) -m pytest -v -rs tests/test_staging.py tests/test_torch_cuda.py -k "cupy or cuda"
 
 lint: $(STAMP)
-	$(PY) -m ruff check mpidp tests examples
+	$(PY) -m ruff check mpidp tests examples tools
 
 # `make bench`: the standard sweep on 2 and 4 ranks, BENCH_RUNS times each (the runs of the
 # rank counts interleaved, so that they fall at different moments), overlap and calibrate once
@@ -189,7 +189,7 @@ bench: $(STAMP)
 	  $(MPIEXEC) -n $$n $(PY) -m mpidp.bench calibrate > $(BENCH_DATA)/calibrate-n$$n.txt \
 	    || exit 1; cat $(BENCH_DATA)/calibrate-n$$n.txt; \
 	done
-	$(PY) -m mpidp.bench.report --data $(BENCH_DATA) --img $(BENCH_IMG) \
+	$(PY) -m tools.report --data $(BENCH_DATA) --img $(BENCH_IMG) \
 	  --out $(BENCH_DEST)/benchmarks.md --merged $(BENCH_PEER_PAGE) --note "$(BENCH_NOTE)"
 	@echo "make bench: results in $(BENCH_DEST)/ (make bench-publish copies them into docs/)"
 
@@ -201,7 +201,7 @@ bench-publish: $(STAMP)
 	rm -f $(addprefix $(DOCS_DATA)/,$(BENCH_RESULTS))
 	cp $(addprefix $(BENCH_DATA)/,$(BENCH_RESULTS)) $(DOCS_DATA)/
 	cp $(BENCH_IMG)/overlap-n*.png $(DOCS_IMG)/
-	$(PY) -m mpidp.bench.report --data $(DOCS_DATA) --img $(DOCS_IMG) --out $(DOCS_PAGE) \
+	$(PY) -m tools.report --data $(DOCS_DATA) --img $(DOCS_IMG) --out $(DOCS_PAGE) \
 	  $(BENCH_PEER_PAGE) $(BENCH_DOCS) --note "$(BENCH_NOTE)"
 
 # `make overlap-hosts` (root, on a quiet machine: start it below a load of 1.5): issue 25's
@@ -231,7 +231,7 @@ overlap-hosts: $(STAMP)
 # docs/overlap.md's across-hosts, targets' and one-host tables and timeline picture, and the
 # targets' table in docs/cluster.md, from the runs in docs/bench/overlap-hosts
 overlap-hosts-doc: $(STAMP)
-	$(PY) -m mpidp.bench.overlap_hosts --data $(OH_DATA) --doc docs/overlap.md \
+	$(PY) -m tools.overlap_hosts --data $(OH_DATA) --doc docs/overlap.md \
 	  --cluster-doc docs/cluster.md \
 	  --plot $(OH_DATA)/h2-1gbit-b512-r2.json docs/img/overlap-hosts-1gbit-b512.png
 

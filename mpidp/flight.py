@@ -1,15 +1,9 @@
 """The flight recorder: the last K collectives of every communicator, dumped when a job hangs.
 
-Each communicator's state (`collectives.state`) keeps a `Recorder`: the last
-``MPIDP_FLIGHT`` collectives (default 64, 0: off), each an entry (a list) holding its
-number in the communicator's sequence, the collective and its signature's
-fields (counts, dtype, op, algorithm, root), its tag, the call site in the
-user's code (the first frame outside mpidp), the time it was called, and its
-state: ``planned`` (arguments checked), ``started`` (its rounds are running),
-``complete``, or ``failed`` (with the exception). Nothing per round is recorded:
-what a collective in flight is doing (its round, the peers whose messages are
-not complete) is read from the live request, or from the frame of the blocking
-driver, when a dump is taken.
+What each communicator keeps is `mpidp.recorder`'s (its names are this module's too:
+`flight.recorder`, `flight.fail`, the entry's fields); this module reads it: a
+collective in flight shows its round and the peers whose messages are not complete,
+read from its request when a dump is taken.
 
 Identity, so that `mpidp.doctor` can line the ranks' records up:
 
@@ -38,7 +32,6 @@ goes on.
 from __future__ import annotations
 
 import atexit
-import collections
 import os
 import signal
 import socket
@@ -46,158 +39,42 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 
 from mpi4py import MPI
 
-from . import commid, config, files, untrusted
-
-DEFAULT_K = 64
-DEFAULT_DIR = "mpidp-flight"
-RECORD_MAX_BYTES = 256 << 20  # what `ask_peers` reads of a record (the doctor's bound too)
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # frames in mpidp are not call sites
-_NOT_SITES = (_HERE,)  # folders whose frames are never call sites (`skip_frames_under`)
-
-
-def skip_frames_under(folder: str) -> None:
-    """Frames of code under `folder` are not call sites either: the site is the first frame
-    outside mpidp and outside it (mpidp.torch passes torch.distributed's folder, so a
-    dump names the user's ``dist.all_reduce`` line, not torch's own)."""
-    global _NOT_SITES
-    folder = os.path.join(os.path.abspath(folder), "")
-    if folder not in _NOT_SITES:
-        _NOT_SITES = (*_NOT_SITES, folder)
-
-PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
-TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
-PERSISTENT = "persistent"  # a *_init collective: in flight while its last Start's request is
-
-
-def keep() -> int:
-    """Collectives kept per communicator (``MPIDP_FLIGHT``; 0: the recorder is off)."""
-    k = config.get("MPIDP_FLIGHT")
-    return DEFAULT_K if k is None else k
-
-
-def folder() -> str:
-    """Where the dumps go (``MPIDP_FLIGHT_DIR``, or ``mpidp-flight`` here)."""
-    return config.get("MPIDP_FLIGHT_DIR") or DEFAULT_DIR
-
-
-# An entry is a list, not an object: it is made on every call's path, and a list of
-# nine costs a fifth of what an instance's __init__ does (0.1 us against 0.5 us). The
-# call site is kept as the frame's code object and its instruction offset (`site`
-# makes file:line of them when a dump is taken): a frame's f_lineno searches the
-# code's line table.
-SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST = range(9)
-_time = time.time
-_getframe = sys._getframe
-# where the last call site was: the depth above Recorder.add of the frame below it
-# (mpidp's), the site's code and that frame's, checked by identity (`Recorder.add`),
-# found by `_walk`
-_last = (3, None, None)
-
-
-def _walk():
-    """The first frame outside mpidp above `Recorder.add`, remembered in `_last`."""
-    global _last
-    depth, below = 2, _getframe(2)  # (Recorder.add's caller's caller: an entry point)
-    f = below.f_back
-    while f.f_back is not None and f.f_code.co_filename.startswith(_NOT_SITES):
-        below, f, depth = f, f.f_back, depth + 1
-    _last = (depth - 1, f.f_code, below.f_code)
-    return f
-
-
-def site(entry: list) -> tuple[str, int | None]:
-    """(file, line) of the call site an entry holds."""
-    code, lasti = entry[CODE], entry[LASTI]
-    for start, end, line in code.co_lines():
-        if start <= lasti < end:
-            return code.co_filename, line
-    return code.co_filename, code.co_firstlineno
-
-
-# The blocking driver, as `collectives/engine/driver.py` names it when it is imported
-# (the recorder stands beneath the collectives and imports none of them): the code of
-# its `run`, whose frame holds the request a deadline interrupted, and its `Request`.
-_driver: tuple = (None, None)
-
-
-def know_driver(run_code, request_class) -> None:
-    """Called once by the driver: what `fail` and a dump look for in a stack."""
-    global _driver
-    _driver = (run_code, request_class)
-
-
-def fail(entry: list, e: BaseException) -> None:
-    """The call of `entry` raised `e`. A deadline's TimeoutError leaves it in flight: its
-    request (from the blocking driver's frame) is kept for the dump to read its round."""
-    entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
-    if isinstance(e, TimeoutError):
-        entry[STATE] = TIMED_OUT
-        run_code = _driver[0]
-        tb = e.__traceback__
-        while tb is not None and entry[REQUEST] is None:
-            if tb.tb_frame.f_code is run_code:
-                entry[REQUEST] = tb.tb_frame.f_locals.get("request")
-            tb = tb.tb_next
-
-
-class Recorder:
-    """A communicator's last K collectives (`add` is on every call's path: kept cheap)."""
-
-    __slots__ = ("ident", "agreeing", "how", "size", "rank", "members", "calls", "append",
-                 "__weakref__")
-
-    def __init__(self, base, k: int):
-        self.calls: collections.deque = collections.deque(maxlen=k)
-        self.append = self.calls.append  # (bound once: `add` is on every call's path)
-        self.ident, self.how, self.members = commid.identify(base)
-        self.agreeing = self.ident.agreement  # (None once its numbers are all in)
-        try:
-            self.size, self.rank = base.Get_size(), base.Get_rank()
-        except Exception:  # noqa: BLE001 - a comm-like object
-            self.size = self.rank = None
-        _recorders.add(self)
-
-    def started(self) -> None:
-        """A collective on this communicator starts: its id's numbers go out (`commid`)."""
-        if self.agreeing is not None:
-            self.agreeing.post()
-
-    @property
-    def comm_id(self) -> str:
-        """The communicator's id (`mpidp.commid`), as far as its members agree on it yet."""
-        if self.agreeing is not None and self.agreeing.progress():
-            self.agreeing = None
-        return self.ident.name
-
-    def add(self, seq) -> list:
-        """Record a call numbered `seq`, made from the first frame outside mpidp: the
-        entry [seq, code, offset, time, state, signed, tag, error, request].
-
-        Walking up frame by frame makes a frame object of each (`_walk`); most calls
-        come the way the last one did, so the frame where the last site was is tried
-        first: it is the site if its code and the code of the frame below are the
-        last site's (then the one below is mpidp's, and the site is not)."""
-        depth, code, below_code = _last
-        try:
-            below = _getframe(depth)
-        except ValueError:  # not that many frames
-            below = None
-        f = None if below is None else below.f_back
-        if f is None or f.f_code is not code or below.f_code is not below_code:
-            f = _walk()
-            code = f.f_code
-        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None]
-        self.append(entry)
-        if self.agreeing is not None and self.agreeing.progress():  # the id's numbers in
-            self.agreeing = None
-        return entry
-
-
-_recorders: weakref.WeakSet = weakref.WeakSet()
+from . import commid, files, untrusted
+from .recorder import (  # noqa: F401 (the recorder's names, as mpidp.flight's)
+    _MULTIPLE,
+    CODE,
+    COMPLETE,
+    DEFAULT_DIR,
+    DEFAULT_K,
+    ERROR,
+    FAILED,
+    LASTI,
+    PERSISTENT,
+    PLANNED,
+    RECORD_MAX_BYTES,
+    REQUEST,
+    RUNNING,
+    SEQ,
+    SIGNED,
+    STARTED,
+    STATE,
+    TAG,
+    TIMED_OUT,
+    Recorder,
+    T,
+    _entry,
+    _live,
+    _recorders,
+    _str,
+    fail,
+    folder,
+    keep,
+    site,
+    skip_frames_under,
+)
 
 
 def recorder(base) -> Recorder | None:
@@ -211,8 +88,6 @@ def recorder(base) -> Recorder | None:
 
 # ------------------------------------------------------------ identity (`mpidp.commid`)
 
-# another thread (SIGUSR1's) asks MPI about requests only where MPI allows it
-_MULTIPLE = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 _WORLD = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()  # a dump makes no MPI call
 
 
@@ -239,79 +114,6 @@ def job_id() -> str | None:
     return None
 
 
-# ------------------------------------------------------------ what a collective is doing now
-
-def _round_of(request) -> dict:
-    """The round a live `driver.Request` is in, and which of its messages are pending."""
-    out = {"round": request.rounds, "done": request.done}
-    if request.done:
-        return out
-    round_ = getattr(request, "_round", None)
-    if not (threading.current_thread() is threading.main_thread() or _MULTIPLE) or \
-            not request._lock.acquire(timeout=0.2):  # a round's reduction in progress
-        out["pending"] = _peers_of(round_, None)
-        return out
-    try:
-        reqs = list(request._reqs)
-        flags = [bool(r.Get_status()) for r in reqs]  # never frees a request, unlike Test
-    finally:
-        request._lock.release()
-    out["pending"] = _peers_of(round_, flags)
-    return out
-
-
-def _peers_of(round_, flags) -> list[dict]:
-    """Messages of `round_` not known complete (posted receives first, as `driver.post`)."""
-    if not round_:
-        return []
-    msgs = [m for m in round_ if not m.outgoing] + [m for m in round_ if m.outgoing]
-    return [{"peer": int(m.peer), "kind": "send" if m.outgoing else "recv",
-             "known": flags is not None}
-            for i, m in enumerate(msgs) if flags is None or i >= len(flags) or not flags[i]]
-
-
-def _live(entry: list, frames) -> dict:
-    request = entry[REQUEST]
-    if request is not None and hasattr(request, "_lock"):
-        return _round_of(request)
-    run_code, request_class = _driver  # the blocking driver's frame holds what it runs
-    for frame in frames:
-        f = frame
-        while f is not None:
-            if f.f_code is run_code and f.f_locals.get("tag") == entry[TAG]:
-                loc = f.f_locals
-                if isinstance(loc.get("request"), request_class):
-                    return _round_of(loc["request"])
-                return {"round": loc.get("count", 0) + 1, "done": False,
-                        "pending": _peers_of(loc.get("round_"), None)}
-            f = f.f_back
-    return {}
-
-
-def _entry(e: list, frames) -> dict:
-    file, line = site(e)
-    d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": file, "line": line,
-         "site": f"{file}:{line}", "t": e[T],
-         # an I-form's (and a persistent one's) entry holds its request from the start; a
-         # blocking call's only once its deadline passed (`fail`, from the driver's frame)
-         "blocking": e[REQUEST] is None or e[STATE] == TIMED_OUT}
-    if e[SIGNED] is not None:
-        d["collective"] = e[SIGNED].collective
-        d.update({k: (list(v) if isinstance(v, tuple) else str(v) if k == "dtype" else v)
-                  for k, v in e[SIGNED].description.items()})
-    if e[STATE] == PERSISTENT:  # one entry for every start: the last one's state
-        req = e[REQUEST]
-        d["state"] = PERSISTENT if req is None or req.done else STARTED
-    failed = getattr(e[REQUEST], "error", None)  # the I-form's own work raised as it ran
-    if failed is not None and e[ERROR] is None:
-        d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
-    if e[ERROR] is not None:
-        d["error"] = e[ERROR]
-    if d["state"] in (PLANNED, STARTED, TIMED_OUT):
-        d.update(_live(e, frames))
-    return d
-
-
 def _stacks(frames: dict) -> list[dict]:
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
@@ -330,13 +132,6 @@ def _exception(e: BaseException | None) -> dict | None:
                        "code": s.line or ""} for s in traceback.extract_tb(e.__traceback__)]}
 
 
-def _str(e) -> str:
-    try:
-        return str(e)
-    except BaseException:  # noqa: BLE001 - an exception whose __str__ fails
-        return "<str() failed>"
-
-
 def record(reason: str, error: BaseException | None = None) -> dict:
     """This rank's record now, as the dump holds it (`error`: the exception ending it)."""
     frames = sys._current_frames()
@@ -349,7 +144,7 @@ def record(reason: str, error: BaseException | None = None) -> dict:
         comms.append({"id": cid, "how": r.how, "size": r.size, "rank": r.rank,
                       "members": r.members,
                       **({"parts": list(agreement.parts)} if agreement else {}),
-                      "calls": [_entry(e, frames.values()) for e in calls]})
+                      "calls": [_entry(e) for e in calls]})
     return {"version": 1, "job": job_id(), "rank": _WORLD[0], "size": _WORLD[1],
             "host": socket.gethostname(), "pid": os.getpid(),
             "ppid": os.getppid(), "reason": reason,

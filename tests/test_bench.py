@@ -22,9 +22,10 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp.bench import collectives as bench
-from mpidp.bench import peers, report, runs, targets
+from mpidp.bench import peers
 from mpidp.bench.output import write_json
 from mpidp.collectives import api
+from tools import report, runs, targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -386,7 +387,7 @@ def test_efficiency_is_hidden_over_what_could_hide_on_recorded_numbers():
 def test_the_targets_table_judges_the_defaults_runs_against_issue_25s_targets(tmp_path):
     """Per setting: the median and lowest of the default's efficiency over the runs, the
     load before each, and the verdict with how far short (from the JSON, not typed)."""
-    from mpidp.bench.overlap_hosts import targets_table
+    from tools.overlap_hosts import targets_table
 
     def run(name: str, load: float, default_step: float) -> str:
         modes = {"compute": {"step_ms": 100.0, "backward_ms": 60.0, "exposed_comm_ms": 0.0},
@@ -474,7 +475,7 @@ def test_the_collectives_plot_has_a_key_per_panel_one_colour_per_series_off_the_
     """From the committed 4-rank data (12 series in the all-reduce panels, gloo included)."""
     from helpers.plots import drawn, problems
 
-    from mpidp.bench import report
+    from tools import report
 
     figures = drawn(monkeypatch)
     (run,) = [r for r in report.load_runs(os.path.join(ROOT, "docs", "bench"))
@@ -574,3 +575,32 @@ def test_make_bench_publish_writes_the_pages_in_docs():
     written = _dry_run("bench-publish")
     for page in ("docs/benchmarks.md", "README.md", "docs/overlap.md"):
         assert page in written, written
+
+
+def test_the_page_builders_live_outside_the_package_and_the_makefile_runs_them():
+    """tools/ turns the JSON into pages and judges the targets; mpidp imports none of it,
+    and `make bench-publish` and `make overlap-hosts-doc` run it from there."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    package = Path(ROOT) / "mpidp"
+    assert not [m for m in ("report", "runs", "targets", "overlap_hosts")
+                if (package / "bench" / f"{m}.py").exists()]
+    uses = [f"{p.relative_to(package)}" for p in sorted(package.rglob("*.py"))
+            for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            and any(a.split(".")[0] == "tools" for a in
+                    ([n.module or ""] if isinstance(n, ast.ImportFrom) else
+                     [a.name for a in n.names]))]
+    assert uses == []
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    for target, module in (("bench-publish", "tools.report"),
+                           ("overlap-hosts-doc", "tools.overlap_hosts")):
+        out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert f"-m {module} " in out.stdout, (target, out.stdout, out.stderr)
+        ran = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and "usage" in ran.stdout, (module, ran.stderr)

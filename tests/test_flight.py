@@ -14,13 +14,13 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp import flight
+from mpidp import flight, recorder
 from mpidp.collectives.state import state
 
 
 def calls_of(comm) -> list[dict]:
     rec = state(comm).flight
-    return [flight._entry(e, []) for e in rec.calls]
+    return [flight._entry(e) for e in rec.calls]
 
 
 @pytest.mark.mpi(ranks=[1, 3], timeout=60)
@@ -66,7 +66,7 @@ def test_the_record_keeps_the_last_k_and_a_request_in_flight_shows_its_round(no_
     if comm.Get_rank() == 1:  # rank 0 has not started it yet: rank 1's round waits
         r = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="ring")
         live = calls_of(comm)[-1]
-        live.update(flight._live(state(comm).flight.calls[-1], []))
+        live.update(flight._live(state(comm).flight.calls[-1]))
         assert live["state"] == "started" and live["round"] == 1, live
         assert {"peer": 0, "kind": "recv", "known": True} in live["pending"], live
         comm.Barrier()
@@ -116,12 +116,12 @@ def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
             wrapped.Iallreduce(MPI.IN_PLACE, x).Wait(); lines.append(sys._getframe().f_lineno)  # noqa: E702
     assert [c["site"] for c in calls_of(comm)] == [f"{__file__}:{n}" for n in lines]
     walked = []
-    real, flight._walk = flight._walk, lambda: walked.append(1) or real()
+    real, recorder._walk = recorder._walk, lambda: walked.append(1) or real()
     try:
         for _ in range(3):  # the way the last one came: found without walking up
             mpidp.allreduce(comm, MPI.IN_PLACE, x); line = sys._getframe().f_lineno  # noqa: E702
     finally:
-        flight._walk = real
+        recorder._walk = real
     assert walked == [] and calls_of(comm)[-1]["line"] == line
     comm.Free()
 
@@ -338,3 +338,55 @@ def test_an_agreements_receives_still_posted_at_exit_are_cancelled():
     assert not agreement.progress() and not comm.recvs[0].cancelled
     flight._at_exit()
     assert comm.recvs[0].cancelled and agreement.parts == [0, None]
+
+
+# ------------------------------------------------ the driver hands the recorder what runs
+
+
+def test_no_module_reads_a_frames_locals():
+    """The recorder is handed the request (`driver.run`'s `entry`): no module of mpidp
+    reads another function's locals out of a frame or a traceback."""
+    import ast
+    from pathlib import Path
+
+    root = Path(mpidp.__file__).parent
+    found = [f"{p.relative_to(root)}:{n.lineno}" for p in sorted(root.rglob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Attribute) and n.attr == "f_locals"]
+    assert found == []
+
+
+def test_the_blocking_driver_hands_the_record_its_round_and_its_request(monkeypatch):
+    """Without a deadline the entry holds (rounds done, the round in flight) while it runs;
+    under one, the `Request`, which a passed deadline leaves for the dump to read."""
+    from mpidp.collectives.algorithms.rounds import Recv, Send
+    from mpidp.collectives.engine import completion, driver
+
+    comm = MPI.COMM_SELF.Dup()
+    entry, seen = [None] * (flight.RUNNING + 1), []
+
+    def two_rounds():
+        x, y = np.ones(3), np.zeros(3)
+        for _ in range(2):
+            yield [Send(x, 0), Recv(y, 0)]
+            seen.append(entry[flight.RUNNING])
+
+    assert driver.run(comm, two_rounds(), 11, entry=entry) == 2
+    assert [count for count, _ in seen] == [0, 1] and entry[flight.RUNNING] is None
+    assert [type(m).__name__ for m in seen[1][1]] == ["Send", "Recv"]
+
+    def never_sent():
+        yield [Recv(np.zeros(3), 0)]
+
+    monkeypatch.setattr(completion, "_default_timeout", 0.2)
+    entry[flight.TAG] = 12
+    with pytest.raises(TimeoutError) as err:
+        driver.run(comm, never_sent(), 12, entry=entry)
+    flight.fail(entry, err.value)
+    assert isinstance(entry[flight.REQUEST], driver.Request)
+    assert flight._live(entry) == {"round": 1, "done": False,
+                                   "pending": [{"peer": 0, "kind": "recv", "known": True}]}
+    comm.Send(np.zeros(3), 0, 12)  # let the receive complete before the comm goes
+    monkeypatch.setattr(completion, "_default_timeout", None)
+    entry[flight.REQUEST].wait()
+    comm.Free()

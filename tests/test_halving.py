@@ -9,6 +9,8 @@ are exact in every summation order and results must equal MPI's bit for bit; one
 random-float case checks the tolerance that summation order allows.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from helpers.oracle import DTYPES, assert_same, make_input, native_reduce_scatter
@@ -23,7 +25,12 @@ from helpers.sweeps import (
 )
 
 from mpidp.collectives import api, waitall
-from mpidp.collectives.algorithms.halving import fold
+from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.fold import VirtualBlocks, masks
+from mpidp.collectives.algorithms.halving import doubling, fold, halving
+from mpidp.collectives.algorithms.nearest import placed_doubling, placed_halving
+from mpidp.collectives.algorithms.ops import SUM
+from mpidp.sim import Sim
 
 SIZES = range(1, 9)
 HALVING = ("rabenseifner", "recursive_doubling")  # the all-reduces of this file
@@ -239,6 +246,77 @@ def test_sim_nan_payloads_agree_on_every_rank(algorithm):
                 bits = {y.tobytes() for y in out.results}
                 assert len(bits) == 1, (n, count, in_place, [y.view(np.uint64) for y in
                                                              out.results])
+
+
+# ------------------------------------------ the article's loops and the placed ones agree
+
+
+def loops_on(q, counts, loop, in_place):
+    """Run `loop(rank, buf, blocks, src, tmp)` on q simulated ranks of small-integer inputs
+    laid out in blocks of `counts` (in place: src is buf); each rank's buffer afterwards,
+    and the inputs."""
+    blocks = VirtualBlocks(Blocks(counts), 0)
+    inputs = [np.arange(sum(counts), dtype=np.int64) * (rank + 1) % 97 for rank in range(q)]
+    bufs = [x.copy() if in_place else np.full(x.size, -1, np.int64) for x in inputs]
+    srcs = bufs if in_place else inputs
+    tmps = [np.zeros(sum(counts), np.int64) for _ in range(q)]
+    Sim(q).run(loop(rank, bufs[rank], blocks, srcs[rank], tmps[rank]) for rank in range(q))
+    return bufs, inputs
+
+
+@pytest.mark.parametrize("q", [1, 2, 4, 8])
+def test_the_article_loops_and_the_placed_loops_give_the_same_blocks(q):
+    """halving.halving / doubling (partner at distance q/2 first, one message a round) and
+    nearest.placed_halving / placed_doubling (any partner order; here the article's and
+    two others) leave the same bits, block b reduced on rank b, then every block everywhere:
+    counts 0, 1, fewer than q, not divisible by q, and large."""
+    article = masks(None, q, 0)
+    orders = {article, article[::-1], article[1:] + article[:1]}
+    for total, in_place in itertools.product((0, 1, q - 1, 3 * q + 1, 1 << 16), (True, False)):
+        if q == 1 and not in_place:
+            continue  # one rank: the loops do nothing, the call path copies the input
+        counts = Blocks.even(total, q).counts
+        rs = {}
+        for order in sorted(orders):
+            if order == article:
+                def rs_loop(rank, buf, blocks, src, tmp):
+                    return halving(rank, q, buf, blocks, SUM, tmp, src)
+            else:
+                def rs_loop(rank, buf, blocks, src, tmp, order=order):
+                    return placed_halving(rank, q, buf, blocks, SUM, tmp, src, order, range(q))
+            bufs, inputs = loops_on(q, counts, rs_loop, in_place)
+            want = sum(inputs)
+            spans = [Blocks(counts).span(b, b + 1) for b in range(q)]
+            assert all(np.array_equal(bufs[b][spans[b]], want[spans[b]]) for b in range(q)), \
+                (total, in_place, order)
+            rs[order] = [bufs[b][spans[b]] for b in range(q)]
+        assert len({tuple(np.concatenate(v).tolist()) for v in rs.values()}) == 1
+
+        def fill(rank, buf, blocks, src, tmp):  # block `rank` is the rank's own
+            buf[blocks.span(rank, rank + 1)] = src[blocks.span(rank, rank + 1)]
+            return doubling(rank, q, buf, blocks)
+
+        def fill_placed(rank, buf, blocks, src, tmp):
+            buf[blocks.span(rank, rank + 1)] = src[blocks.span(rank, rank + 1)]
+            return placed_doubling(rank, q, buf, blocks, article[::-1], range(q))
+
+        for ag in (fill, fill_placed):
+            bufs, inputs = loops_on(q, counts, ag, in_place)
+            want = np.concatenate([inputs[b][Blocks(counts).span(b, b + 1)] for b in range(q)])
+            assert all(np.array_equal(buf, want) for buf in bufs), (total, ag.__name__)
+
+
+def test_the_article_loop_sends_one_message_a_round_to_rank_xor_mask():
+    """The article's exchange: in step i rank r swaps with r ^ (q >> (i + 1)), one half each."""
+    q, total = 8, 64
+    sim = Sim(q, trace=True)
+    blocks = VirtualBlocks(Blocks.even(total, q), 0)
+    bufs = [np.ones(total) for _ in range(q)]
+    sim.run(halving(r, q, bufs[r], blocks, SUM, np.zeros(total), bufs[r]) for r in range(q))
+    assert sim.rounds == [3] * q
+    assert sim.bytes_sent == [(32 + 16 + 8) * 8] * q  # half, a quarter, an eighth
+    assert sorted((step, src, dst) for step, src, dst, *_ in sim.events) == sorted(
+        (step, r, r ^ (q >> (step + 1))) for step in range(3) for r in range(q))
 
 
 def check_halving(comm):

@@ -12,6 +12,7 @@ from test_collectives_imports import ROOT, imported, module_name
 
 # imported by everything, importing (of mpidp) only each other: docs/architecture.md
 BENEATH = {"mpidp.arrays", "mpidp.config", "mpidp.files", "mpidp.untrusted", "mpidp.flight",
+           "mpidp.recorder",
            "mpidp.commid", "mpidp.units",
            "mpidp.farewell", "mpidp.trace", "mpidp.timeline"}
 
@@ -74,3 +75,27 @@ def test_the_modules_beneath_everything_import_only_each_other():
     assert BENEATH <= arrows.keys()
     above = {m: sorted(arrows[m] - BENEATH) for m in BENEATH if arrows[m] - BENEATH}
     assert not above, f"imports from above: {above}"
+
+
+def reachable(arrows: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for w in arrows.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def test_the_simulator_stands_below_the_benchmarks():
+    """mpidp.sim imports nothing of mpidp.bench, at module level or inside a function,
+    directly or through another module (docs/architecture.md: sim below bench)."""
+    arrows = graph()
+    sims = [m for m in arrows if m == "mpidp.sim" or m.startswith("mpidp.sim.")]
+    assert len(sims) > 5, "the parse found the simulator"
+    up = {m: sorted(w for w in reachable(arrows, m) if w.split(".")[:2] == ["mpidp", "bench"])
+          for m in sims}
+    inner = {module_name(p): t for p in sorted((ROOT / "sim").rglob("*.py"))
+             for t, _, _ in imported(p) if t.split(".")[:2] == ["mpidp", "bench"]}
+    assert not {m: w for m, w in up.items() if w} and not inner, (up, inner)

@@ -159,3 +159,31 @@ def test_signatures_remembered_choices_and_blocks_on_real_ranks(mpi_ranks):
                      check_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered)
     on_each_size((2,), check_a_new_model_forgets_the_remembered_choices)
     on_each_size((2, 3), check_remembered_blocks_follow_the_counts_and_displacements)
+
+
+def test_what_a_setup_holds_is_what_it_declares():
+    """Every remembered setup's fields have the types its class declares (`plan.Setup`,
+    `exact.Passes`): the algorithms are registered `Algorithm`s, the scratch items ints."""
+    import typing
+
+    from mpidp.collectives.algorithms import Algorithm
+    from mpidp.collectives.exact import Passes
+    from mpidp.collectives.plan import Setup, Signed
+
+    comm = MPI.COMM_SELF.Dup()
+    x = np.arange(6.0)
+    mpidp.allreduce(comm, mpidp.IN_PLACE, x, algorithm="ring")
+    mpidp.allreduce(comm, mpidp.IN_PLACE, x, op=mpidp.EXACT_SUM)
+    mpidp.bcast(comm, x, 0)
+    found = list(state.state(comm).setups.values())
+    assert {type(s) for s in found} == {Setup, Passes}
+    for s in found:
+        hints = typing.get_type_hints(type(s))
+        for name, value in s._asdict().items():
+            want = {Signed: Signed, Algorithm: Algorithm, int: int,
+                    tuple[int, int]: tuple}.get(hints[name])
+            if want is not None:
+                assert isinstance(value, want), (type(s).__name__, name, value)
+        if isinstance(s, Passes):
+            assert all(isinstance(i, int) for i in s.scratch), s.scratch
+    comm.Free()

@@ -25,6 +25,7 @@ from mpidp.collectives.algorithms import (
     REGISTRY,
     Algorithm,
     direct,
+    doubling,
     halving,
     hierarchical,
     ring,
@@ -35,7 +36,7 @@ from mpidp.collectives.algorithms.rounds import Cost, Recv, Send
 from mpidp.collectives.placement import layout
 from mpidp.sim.__main__ import main as sim_main
 
-MODULES = (ring, halving, tree, direct, hierarchical)
+MODULES = (ring, halving, doubling, tree, direct, hierarchical)
 SPOKEN = {"all-reduce": "allreduce", "reduce-scatter": "reduce_scatter",
           "all-gather": "allgather", "broadcast": "bcast"}
 LABEL = re.compile(r"^( +)([a-z_]+(?:, [a-z_]+)*) (all-reduce|reduce-scatter|all-gather|"

@@ -156,3 +156,23 @@ def test_what_is_replayed():
         assert replayable(req.plan) is replays, algo  # one rank out of place: a copy first
         req.Free()
     assert not entry("allreduce", "direct").replayable
+
+
+def test_replay_asks_the_plan_for_its_algorithm_and_source_not_the_registry_or_its_args():
+    """`replayable` reads `Plan.algorithm` and `Plan.src`: a plan whose rounds are not its
+    registered algorithm's (the generator looked up in the registry would say otherwise),
+    or whose arguments are laid out another way, is judged by what it says it runs."""
+    from mpidp.collectives.plan import Call, Plan
+
+    call = Call(MPI.COMM_SELF, None, False)
+    naive = entry("allreduce", "naive")  # replayable "in place"
+    try:
+        x = np.zeros(3)
+        assert replayable(Plan(call, naive.rounds, (), 0, algorithm=naive, src=None))
+        assert not replayable(Plan(call, naive.rounds, (x, x, x, x, x, None), 0,
+                                   algorithm=naive, src=x))  # out of place: it copies
+        assert not replayable(Plan(call, naive.rounds, (), 0))  # the call path's own rounds
+        ring = entry("allreduce", "ring")
+        assert replayable(Plan(call, ring.rounds, (), 0, algorithm=ring, src=x))
+    finally:
+        call.end()

@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 from mpidp.collectives import placement
-from mpidp.collectives.algorithms import direct, halving, hierarchical, ring, tree
+from mpidp.collectives.algorithms import (
+    direct,
+    doubling,
+    halving,
+    hierarchical,
+    nearest,
+    ring,
+    tree,
+)
 from mpidp.collectives.algorithms.rounds import Recv, Send
 from mpidp.sim import COLLECTIVES, ScheduleError, Sim, SimComm, names, simulate
 from mpidp.sim.table import command, format_table, table
 
-ALGORITHM_MODULES = (ring, halving, tree, direct, hierarchical, placement)
+ALGORITHM_MODULES = (ring, halving, doubling, nearest, tree, direct, hierarchical, placement)
 REFERENCE = re.compile(r"the table of `(python -m mpidp\.sim table [^`]+)`(?: steps (\d+)-(\d+))?")
 # tables across hosts in the docstrings: (algorithm, collective, ranks per host), N = 4
 PLACED_TABLES = (("hierarchical", "allreduce", 2), ("rabenseifner", "allreduce", 2),

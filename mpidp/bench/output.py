@@ -1,7 +1,7 @@
 """What the benchmarks print and write: sizes, table rows, JSON, CSV and plots.
 
 Shared by ``python -m mpidp.bench collectives``, ``calibrate`` and the report
-generator (`mpidp.bench.report`), so that every table names sizes and
+generator (`tools/report.py`), so that every table names sizes and
 placements alike.
 """
 

@@ -30,6 +30,7 @@ from .algorithms import ALGORITHMS
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .algorithms.ring import ring_allgather
+from .bounded import Bounded
 from .engine.driver import run
 
 
@@ -100,9 +101,7 @@ def check_pair(sendbuf, recvbuf, op: Op | None = None, same_size: bool = False) 
         kinds = None
     if kinds is None or kinds not in _checked_kinds:
         _check_kinds(sendbuf, recvbuf, op)
-        if len(_checked_kinds) > 1024:
-            _checked_kinds.clear()
-        _checked_kinds.add(kinds)
+        _checked_kinds.remember(kinds, True)
     _check_layout(recvbuf, "recvbuf", writable=True)
     if sendbuf is not None:
         _check_layout(sendbuf, "sendbuf")
@@ -113,7 +112,8 @@ def check_pair(sendbuf, recvbuf, op: Op | None = None, same_size: bool = False) 
             raise ValueError("sendbuf and recvbuf overlap; pass sendbuf=IN_PLACE instead")
 
 
-_checked_kinds: set = set()  # (send type, send dtype, recv type, recv dtype, op kinds) found fine
+# (send type, send dtype, recv type, recv dtype, op kinds) found fine
+_checked_kinds = Bounded(limit=1024)
 
 
 def _check_kinds(sendbuf, recvbuf, op: Op | None) -> None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -54,12 +53,14 @@ from .. import config
 from . import placement
 from .algorithms import entry
 from .algorithms.blocks import Blocks
-from .algorithms.halving import recursive_doubling_allreduce
-from .algorithms.hosts import members, spans_hosts
+from .algorithms.doubling import recursive_doubling_allreduce
+from .algorithms.hosts import spans_hosts
 from .algorithms.ops import MAX, SUM
-from .algorithms.rounds import Recv, Rounds, Send
+from .algorithms.rounds import Rounds
+from .bounded import Bounded
 from .checks import check_algorithm
 from .engine.driver import run
+from .linkrate import calibrate_link
 from .state import state
 
 
@@ -111,7 +112,6 @@ def link_bytes(algorithm: str, hosts, G: float) -> float:
     return entry("allreduce", algorithm).cost(len(hosts), G, tuple(hosts)).link
 
 
-@lru_cache(maxsize=4096)  # a trainer asks about the same few bucket sizes every step
 def best(m: Model, collective: str, names: tuple, nbytes: int, p: int,
          hosts: tuple | None = None) -> str:
     """The name in `names` with the smallest predicted time (ties: the first listed)."""
@@ -141,10 +141,9 @@ def choose(comm, collective: str, nbytes: int, algorithm: str) -> str:
     if name is None:
         hosts = placement.placement(comm)  # learned once, where every rank comes in order
         m = model(comm)
-        if len(st.choices) > 4096:  # a run with ever new sizes: start again
-            st.choices.clear()
-        name = st.choices[question] = best(m, collective, names[:-1], nbytes, comm.Get_size(),
-                                           hosts if spans_hosts(hosts) else None)
+        name = st.choices.remember(question, best(m, collective, names[:-1], nbytes,
+                                                  comm.Get_size(),
+                                                  hosts if spans_hosts(hosts) else None))
     return name
 
 
@@ -156,7 +155,7 @@ def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
     for name, value in ((k, v) for k, v in m._asdict().items() if not 0 <= v < math.inf):
         raise ValueError(f"cost model {name}={value}: expected a finite number >= 0")
     st = state(comm)
-    st.model, st.choices, st.setups = m, {}, {}  # answers under the old model are stale
+    st.model, st.choices, st.setups = m, Bounded(), Bounded()  # the old model's are stale
     return m
 
 
@@ -260,45 +259,3 @@ def _calibrate(comm, tag: int) -> Model:
     run(comm, recursive_doubling_allreduce(comm, total, Blocks.even(mine.size, n), SUM,
                                            np.empty_like(mine), mine), tag)
     return Model(*(total / n))
-
-
-
-# ------------------------------------------------------------ the host links' rate
-
-LINK_PROBE = 1 << 20  # bytes each rank sends across to time the host links
-
-
-def calibrate_link(comm, hosts: tuple) -> float:
-    """Seconds per byte through a host's link; collective, on a comm that spans hosts.
-
-    Every rank sends LINK_PROBE bytes to the rank of the same local index on the next
-    host and receives as much from the previous one, all at once, as the hierarchical
-    all-reduce's step across does: a link carries ppn probes per direction. Three
-    back to back after one that opens the connections (so that ranks that start
-    apart do not time a probe already on its way), the slowest rank's time over
-    the bytes of the busiest link.
-    """
-    rank, H = comm.Get_rank(), max(hosts) + 1
-    on = members(hosts)
-    j, h = on[hosts[rank]].index(rank), hosts[rank]
-    right, left = on[(h + 1) % H], on[(h - 1) % H]
-    buf, tmp = np.zeros(LINK_PROBE, np.uint8), np.empty(LINK_PROBE, np.uint8)
-
-    def exchange(times: int):
-        for _ in range(times):
-            yield [*([Send(buf, right[j])] if j < len(right) else []),
-                   *([Recv(tmp, left[j])] if j < len(left) else [])]
-
-    st = state(comm)
-    slot = st.take()
-    try:
-        tag = st.tag(slot)
-        run(comm, exchange(1), tag)  # opens the connections
-        t0 = time.perf_counter()
-        run(comm, exchange(3), tag)
-        mine, slowest = np.array([(time.perf_counter() - t0) / 3]), np.empty(1)
-        run(comm, recursive_doubling_allreduce(comm, slowest, Blocks.even(1, comm.Get_size()),
-                                               MAX, np.empty(1), mine), tag)
-    finally:
-        st.release(slot)
-    return float(slowest[0]) / (LINK_PROBE * max(map(len, on)))

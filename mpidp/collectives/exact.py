@@ -27,7 +27,7 @@ import numpy as np
 
 from ..arrays import array_module, flat
 from ..untrusted import index
-from .algorithms import entry
+from .algorithms import Algorithm, entry
 from .algorithms.averaging import mean
 from .algorithms.blocks import Blocks
 from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
@@ -48,10 +48,19 @@ from .algorithms.rounds import Rounds
 from .checks import check_algorithm, check_buffer
 from .cost import choose
 from .placement import locate
-from .plan import Call, Plan, Setup, signed
+from .plan import Call, Plan, Signed, signed
 
 # A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
 CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}
+
+
+class Passes(NamedTuple):
+    """What an exact call's signature determines, worked out once (`plan.Call.setup`)."""
+
+    signed: Signed  # its signature and description ("code+word" as the algorithm)
+    code: Algorithm  # the MAX pass's all-reduce, over the codes
+    word: Algorithm  # the SUM pass's all-reduce or reduce-scatter, over the words
+    scratch: tuple[int, int]  # items of scratch each pass's algorithm needs
 
 
 class Scratch(NamedTuple):
@@ -206,7 +215,7 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     count = blocks.total if rs else out.size
     g = grid(out.dtype, addends, op.divide)
 
-    def setup() -> Setup:
+    def setup() -> Passes:
         collective = "reduce_scatter" if rs else "allreduce"
         word_name = choose(comm, collective, count * g.words * 8, algorithm)
         code_name = (CODE_FOR[word_name] if rs else
@@ -217,9 +226,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         word_blocks = (Blocks([c * g.words for c in blocks.counts]) if rs
                        else Blocks.even(count * g.words, comm.Get_size()))
         items = (code_scratch(Blocks.even(count, comm.Get_size())), word_scratch(word_blocks))
-        return Setup(signed(collective, (blocks.counts if rs else count, addends), out.dtype, op,
-                            f"{code_name}+{word_name}"),
-                     (code_name, code_algo, word_name, word_algo), blocks, items)
+        return Passes(signed(collective, (blocks.counts if rs else count, addends), out.dtype,
+                             op, f"{code_name}+{word_name}"), code_algo, word_algo, items)
 
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         collective = "reduce_scatter" if rs else "allreduce"
@@ -231,10 +239,9 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
-    code_name, code_algo, word_name, word_algo = s.algo
-    code_algo = code_algo.bound(locate(comm, call.state, "allreduce", code_name))
-    word_algo = word_algo.bound(locate(comm, call.state, "reduce_scatter" if rs else "allreduce",
-                                       word_name))
+    code_algo = s.code.bound(locate(comm, call.state, "allreduce", s.code.name))
+    word_algo = s.word.bound(locate(comm, call.state, "reduce_scatter" if rs else "allreduce",
+                                    s.word.name))
     scratch = scratch_for(call.state.pool, g, count, *s.scratch)
     args = (comm, parts, out, g, code_algo, word_algo, scratch, op.divide, blocks)
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))

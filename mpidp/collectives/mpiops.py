@@ -35,7 +35,7 @@ _FROM_MPI = [  # MPI.Op is not hashable: a list of pairs
 
 # ---------------------------------------------------------------- MPI's table of combinations
 # MPI-4.1, section 6.9.2: each predefined operation is defined on some groups of basic
-# datatypes (bufspec.GROUPS says which datatype is in which group); on any other, a
+# datatypes (dropin/datatypes.GROUPS says which datatype is in which group); on any other, a
 # reduction is erroneous, and mpidp.Comm raises MPI.Exception (MPI.ERR_OP), as MPICH and
 # Open MPI do for most such calls (docs/dropin.md lists where they compute one anyway).
 C_INTEGER, FORTRAN_INTEGER, FLOATING = "C integer", "Fortran integer", "floating point"

@@ -31,6 +31,7 @@ from typing import NamedTuple
 from .. import flight
 from ..config import debug_enabled
 from ..flight import COMPLETE, ERROR, SIGNED, STARTED, STATE, TAG
+from .algorithms import Algorithm
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
 from .checks import agree, agree_total
@@ -84,7 +85,7 @@ class Setup(NamedTuple):
     """What a call's signature determines, worked out once (`Call.setup`)."""
 
     signed: Signed  # its signature and description, with the algorithm `auto` picked
-    algo: object  # the registered algorithm (`algorithms.Algorithm`), or the caller's own
+    algo: Algorithm  # the registered algorithm
     blocks: Blocks | None = None  # (a broadcast has none)
     scratch: int = 0  # items of scratch the algorithm needs
 
@@ -142,9 +143,7 @@ class Call:
         except TypeError:  # an unhashable argument: build() says what is wrong with it
             return build()
         if found is None:
-            if len(setups) > 4096:  # ever new sizes: start again
-                setups.clear()
-            found = setups[key] = build()
+            found = setups.remember(key, build())
         return found
 
     def agree(self, collective: str, **described) -> None:
@@ -201,14 +200,20 @@ class Plan:
         scratch: pooled arrays the runs use, given back when the plan is done with.
         buf: the buffer the rounds work on; decides, once, whether rounds need a
             `staging.Stager` (device buffers) or nothing (NumPy).
+        algorithm: the registered `Algorithm` whose generator `algo` is (placement bound
+            or not); None where the rounds are the call path's own (a copy first, the
+            exact parts): what `engine.replay` asks whether a run may be replayed.
+        src: the input the algorithm reads, if it is not in `buf` (None: in place).
     """
 
-    __slots__ = ("call", "algo", "args", "tag", "finish", "scratch", "stager")
+    __slots__ = ("call", "algo", "args", "tag", "finish", "scratch", "stager", "algorithm",
+                 "src")
 
     def __init__(self, call: Call, algo, args: tuple, tag: int, finish=None, scratch=(),
-                 buf=None):
+                 buf=None, algorithm: Algorithm | None = None, src=None):
         self.call, self.algo, self.args, self.tag = call, algo, args, tag
         self.finish, self.scratch = finish, scratch
+        self.algorithm, self.src = algorithm, src
         self.stager = None if buf is None else stager(buf, call.state.pool)
 
     def completed(self) -> None:
@@ -250,7 +255,8 @@ class Plan:
             entry[STATE] = STARTED
             call.state.flight.started()
         try:
-            run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free)
+            run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free,
+                entry)
         except BaseException as e:
             if entry is not None:
                 flight.fail(entry, e)

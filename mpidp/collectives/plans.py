@@ -78,7 +78,8 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
     if op is AVG and buf.dtype.kind == "f" and buf.itemsize == 2:
         return _wide_average(call, algo, buf, src, s, tag)
     tmp = call.state.pool.take(buf, s.scratch)
-    return Plan(call, algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf)
+    return Plan(call, algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf,
+                s.algo, src)
 
 
 def _wide_average(call: Call, algo, buf, src, s: Setup, tag: int) -> Plan:
@@ -149,16 +150,17 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     work = pool.take(full, full.size)  # the partial sums: a pooled vector, reused across calls
     tmp = pool.take(work, s.scratch)
     # the input is read where it is: the algorithms never write it (one rank: a copy)
-    algo, args = s.algo.bound(hosts), (comm, work, blocks, op, tmp, flat(full) if n > 1 else None)
+    src = flat(full) if n > 1 else None
+    algo, args, found = s.algo.bound(hosts), (comm, work, blocks, op, tmp, src), s.algo
     if n == 1:
-        algo, args = copy_rounds, (work, flat(full), algo, *args)
+        algo, args, found = copy_rounds, (work, flat(full), algo, *args), None
     elif algo is ring_reduce_scatter:  # its last sum goes to recvbuf itself: no copy after
-        return Plan(call, algo, (*args, out), tag, None, (tmp, work), work)
+        return Plan(call, algo, (*args, out), tag, None, (tmp, work), work, found, src)
 
     def finish():
         out[...] = blocks.view(work, rank)  # in place: to the front, the rest untouched
 
-    return Plan(call, algo, args, tag, finish, (tmp, work), work)
+    return Plan(call, algo, args, tag, finish, (tmp, work), work, found, src)
 
 
 def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
@@ -205,8 +207,9 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
         mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
         return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
-        algo, args = copy_rounds, (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
-    return Plan(call, algo, args, tag, None, (), buf)
+        args = (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
+        return Plan(call, copy_rounds, args, tag, None, (), buf)
+    return Plan(call, algo, args, tag, None, (), buf, s.algo)
 
 
 def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
@@ -233,8 +236,8 @@ def plan_bcast(call: Call, buf, root: int = 0, algorithm: str = "auto") -> Plan:
         # a read-only root buffer (MPI allows it): the ring writes the root's blocks back,
         # so it runs on a copy, made at every run
         vec = array_module(vec).empty_like(vec)
-        algo, args = copy_rounds, (vec, args[1], algo, comm, vec, root)
-    return Plan(call, algo, args, tag, None, (), vec)
+        return Plan(call, copy_rounds, (vec, args[1], algo, comm, vec, root), tag, None, (), vec)
+    return Plan(call, algo, args, tag, None, (), vec, s.algo)
 
 
 # ------------------------------------------------------------ rounds around an algorithm

@@ -46,6 +46,7 @@ import zlib
 from mpi4py import MPI
 
 from .. import flight
+from .bounded import Bounded
 from .engine.staging import ScratchPool
 
 TAG_BASE = 0x4D50  # 19792: mpidp's tags are TAG_BASE and up; below it, the user's
@@ -61,9 +62,9 @@ class CommState:
     def __init__(self, tag_ub: int = STANDARD_TAG_UB):
         self.pool = ScratchPool()  # scratch of this communicator's collectives
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
-        self.choices: dict = {}  # (collective, nbytes) -> algorithm name, under `model`
+        self.choices = Bounded()  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (placement.placement)
-        self.setups: dict = {}  # call signature -> what it determines (`plan.Call.setup`)
+        self.setups = Bounded()  # call signature -> what it determines (`plan.Call.setup`)
         self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
         room = tag_ub - TAG_BASE + 1  # tags from TAG_BASE to tag_ub
         self.slots = SLOTS
@@ -166,7 +167,7 @@ class CommState:
     def inherit(self, parent: CommState) -> None:
         """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
         new calibration, no new query)."""
-        self.model, self.choices, self.setups = parent.model, dict(parent.choices), {}
+        self.model, self.choices, self.setups = parent.model, Bounded(parent.choices), Bounded()
         self.placement = parent.placement
 
 
@@ -178,13 +179,11 @@ def signature(*args) -> int:
     """
     sig = _signatures.get(args)
     if sig is None:
-        if len(_signatures) > 4096:  # ever new sizes: start again
-            _signatures.clear()
-        sig = _signatures[args] = zlib.crc32(repr(args).encode()) or 1
+        sig = _signatures.remember(args, zlib.crc32(repr(args).encode()) or 1)
     return sig
 
 
-_signatures: dict[tuple, int] = {}
+_signatures = Bounded()  # args -> their signature
 
 
 def check_user_tag(tag) -> int:

@@ -36,7 +36,7 @@ from mpidp.sim.engine import SimComm
 from mpidp.sim.reports import ScheduleError
 from mpidp.sim.sequence import EAGER, Collective, run_sequences
 
-from . import IN_FLIGHT, ranks_text, verb
+from .calls import IN_FLIGHT, ranks_text, verb
 
 CAN = ("it reproduces hangs that come of the collectives' order and arguments; not a rank "
        "stuck in its own compute or point-to-point (that rank shows as one that finished "

@@ -23,6 +23,7 @@ import numpy as np
 
 from mpidp.collectives import cost
 from mpidp.collectives.algorithms import of
+from mpidp.collectives.algorithms.fold import fold
 from mpidp.collectives.algorithms.ops import OPS
 
 from .collective import REDUCING, names, resolve, simulate
@@ -199,7 +200,7 @@ def measured(collective: str, algorithm, ranks, scratch=None, placement=None) ->
              "reduced bytes on the critical path",
              "   N | steps | rounds |  sent |  recv | reduced | " + " | ".join(formulas)]
     for N in sorted({N for N in (2, 3, 4, 8, 16, 64) if N in ranks} or {max(ranks)}):
-        q = 1 << (N.bit_length() - 1)
+        q = fold(N)[0]  # the largest power of two <= N
         count = 2 * N * q // math.gcd(N, q)  # whole blocks for N and for q, and halves
         out = simulate(collective, algorithm, N, count, dtype="int64", scratch=scratch,
                        placement=placement and placement(N))

@@ -18,6 +18,7 @@ import numpy as np
 
 from mpidp.collectives.algorithms import REGISTRY, entry
 from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.fold import fold
 from mpidp.collectives.algorithms.prerounding import grid
 from mpidp.collectives.api import sum_parts
 from mpidp.collectives.engine.staging import ScratchPool
@@ -146,7 +147,7 @@ def exact_volume(ranks, algorithms=None, dtype="float64") -> list[dict]:
     the MAX pass and the SUM pass together."""
     rows = []
     for N in ranks:
-        q = 1 << (N.bit_length() - 1)
+        q = fold(N)[0]  # the largest power of two <= N
         count = 2 * N * q // np.gcd(N, q)
         for name in algorithms or tuple(REGISTRY["allreduce"]):
             by_rank = [[np.ones(count, dtype)] for _ in range(N)]

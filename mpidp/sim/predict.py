@@ -28,6 +28,7 @@ import numpy as np
 from mpidp import untrusted
 from mpidp.collectives import cost
 from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.fold import fold
 from mpidp.collectives.placement import layout
 from mpidp.units import human
 
@@ -148,7 +149,7 @@ def sim_count(collective: str, algorithm, N: int, items: int) -> int:
     splits into whole blocks for N and its power of two, scaled (direct: 2 items)."""
     if items <= 16 * N:
         return items
-    q = 1 << (N.bit_length() - 1)
+    q = fold(N)[0]  # the largest power of two <= N
     count = 2 * N * q // math.gcd(N, q)
     _, scratch, _ = resolve(collective, algorithm)
     if scratch is not None and scratch(Blocks.even(count, N)) > 2 * count:

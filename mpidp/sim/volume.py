@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from mpidp.collectives.algorithms.blocks import Blocks
+from mpidp.collectives.algorithms.fold import fold
 
 from .collective import names, resolve, simulate
 
@@ -32,7 +33,7 @@ def count_for(collective: str, algorithm, N: int) -> int:
     An algorithm whose scratch grows with N (direct: a vector per rank) sends whole
     vectors, and its bytes are a multiple of G at any count: it gets 2 items.
     """
-    q = 1 << (N.bit_length() - 1)
+    q = fold(N)[0]  # the largest power of two <= N
     count = 2 * N * q // math.gcd(N, q)
     _, scratch, _ = resolve(collective, algorithm)
     if scratch is not None and scratch(Blocks.even(count, N)) > 2 * count:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import NamedTuple
 
-from . import direct, halving, hierarchical, ring, tree
+from . import direct, doubling, halving, hierarchical, ring, tree
 from .blocks import one_block, one_vector
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
@@ -107,8 +107,8 @@ for _entry in (
     Algorithm("allreduce", "ring", ring.ring_allreduce, ring.ring_allreduce_cost, one_block),
     Algorithm("allreduce", "rabenseifner", halving.rabenseifner_allreduce,
               halving.rabenseifner_cost, halving.rabenseifner_scratch, placed=True),
-    Algorithm("allreduce", "recursive_doubling", halving.recursive_doubling_allreduce,
-              halving.recursive_doubling_cost, one_vector),
+    Algorithm("allreduce", "recursive_doubling", doubling.recursive_doubling_allreduce,
+              doubling.recursive_doubling_cost, one_vector),
     Algorithm("allreduce", "naive", tree.naive_allreduce, tree.naive_cost, one_vector,
               replayable="in place"),
     Algorithm("allreduce", "direct", direct.direct_allreduce, direct.direct_cost,

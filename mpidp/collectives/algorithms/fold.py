@@ -1,4 +1,4 @@
-"""The fold: how the power-of-two loops of halving.py run on any number of ranks N.
+"""The fold: how the power-of-two loops of halving.py and doubling.py run on any number of ranks N.
 
 q = 2^floor(log2 N) ranks run the main loop, r = N - q do not. Ranks 2i and
 2i+1 (i < r) pair up; the odd one takes part as virtual rank i and holds the
@@ -31,13 +31,14 @@ hands the even rank's block over (α + G/N·β) and all G back (α + G·β).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from functools import lru_cache
 from typing import NamedTuple
 
 from .blocks import Blocks
 from .hosts import spans_hosts
 from .ops import Op
-from .rounds import Recv, Rounds, Send
+from .rounds import Recv, Round, Send
 
 
 def fold(N: int) -> tuple[int, int]:
@@ -130,18 +131,26 @@ class VirtualBlocks(NamedTuple):
         return views
 
 
-def fold_in(buf, op: Op, tmp, rank: int, src) -> Rounds:
-    """Ranks 2i, 2i+1 each reduce half of the vector; the even one hands its half over.
+def fold_in(buf, op: Op, tmp, rank: int, r: int, src, result) -> Generator[Round, None, object]:
+    """The fold's prologue: ranks 2i, 2i+1 (i < r) each reduce half of the vector, the
+    even one hands its half over and idles until its partner sends it `result`.
 
-    `src` is the input (`buf` itself in place); the results go to `buf`.
+    `src` is the input (`buf` itself in place); the pair's sums go to `buf`; `result` is
+    the view of `buf` the even rank gets back after the main loop. Returns (as
+    ``src = yield from fold_in(...)``) what the main loop reads: `src` on the ranks
+    outside the pairs, `buf` on the odd rank of a pair, None on the even one (done).
     """
+    if rank >= 2 * r:
+        return src
     half = buf.size // 2
     lower, upper = buf[:half], buf[half:]
     if rank % 2 == 0:
         yield [Send(src[half:], rank + 1), Recv(tmp[:half], rank + 1)]
         op(lower, tmp[:half], src[:half])
         yield [Send(lower, rank + 1)]
-    else:
-        yield [Send(src[:half], rank - 1), Recv(tmp[: upper.size], rank - 1)]
-        op(upper, tmp[: upper.size], src[half:])
-        yield [Recv(lower, rank - 1)]  # the even rank's reduced half, taken as is
+        yield [Recv(result, rank + 1)]  # idle through the main loop
+        return None
+    yield [Send(src[:half], rank - 1), Recv(tmp[: upper.size], rank - 1)]
+    op(upper, tmp[: upper.size], src[half:])
+    yield [Recv(lower, rank - 1)]  # the even rank's reduced half, taken as is
+    return buf

@@ -1,5 +1,4 @@
-"""Recursive halving reduce-scatter, recursive doubling all-gather and all-reduce,
-Rabenseifner all-reduce, and the fold that makes them work for any N.
+"""Recursive halving reduce-scatter, recursive doubling all-gather, Rabenseifner all-reduce.
 
 Recursive halving (reduce-scatter), the article's figure: partners at distance
 N/2 swap half of the vector, then partners at distance N/4 swap a quarter of
@@ -10,11 +9,27 @@ reduced over all ranks. For N = 4:
         step 0: mask 2     0 <----> 2        1 <----> 3          half the vector
         step 1: mask 1     0 <-> 1           2 <-> 3             a quarter
 
+The step table is computed by running this code (`mpidp.sim`): "→2:2-3" sends
+blocks 2-3 to rank 2, "←2:0-1" receives blocks 0-1 from it:
+
+        $ python -m mpidp.sim table recursive_halving --collective reduce_scatter --ranks 4
+        step | rank 0        | rank 1        | rank 2        | rank 3
+        -----+---------------+---------------+---------------+--------------
+           0 | →2:2-3 ←2:0-1 | →3:2-3 ←3:0-1 | →0:0-1 ←0:2-3 | →1:0-1 ←1:2-3
+           1 | →1:1 ←1:0     | →0:0 ←0:1     | →3:3 ←3:2     | →2:2 ←2:3
+
+        after step 1 rank r holds block r reduced over all ranks
+
 Recursive doubling (all-gather) is the mirror: partners at distance 1, 2, 4, ...
-swap everything they hold, so what a rank holds doubles every step.
-Rabenseifner all-reduce = recursive halving, then recursive doubling. The step
-table is computed by running this code (`mpidp.sim`): "→2:2-3" sends blocks 2-3
-to rank 2, "←2:0-1" receives blocks 0-1 from it, "↔1:0-3" does both with 0-3.
+swap everything they hold, so what a rank holds doubles every step:
+
+        $ python -m mpidp.sim table recursive_doubling --collective allgather --ranks 4
+        step | rank 0        | rank 1        | rank 2        | rank 3
+        -----+---------------+---------------+---------------+--------------
+           0 | →1:0 ←1:1     | →0:1 ←0:0     | →3:2 ←3:3     | →2:3 ←2:2
+           1 | →2:0-1 ←2:2-3 | →3:0-1 ←3:2-3 | →0:2-3 ←0:0-1 | →1:2-3 ←1:0-1
+
+Rabenseifner all-reduce = recursive halving, then recursive doubling:
 
         $ python -m mpidp.sim table rabenseifner --ranks 4
         step | rank 0        | rank 1        | rank 2        | rank 3
@@ -24,53 +39,12 @@ to rank 2, "←2:0-1" receives blocks 0-1 from it, "↔1:0-3" does both with 0-3
            2 | →1:0 ←1:1     | →0:1 ←0:0     | →3:2 ←3:3     | →2:3 ←2:2
            3 | →2:0-1 ←2:2-3 | →3:0-1 ←3:2-3 | →0:2-3 ←0:0-1 | →1:2-3 ←1:0-1
 
-        after step 1 rank r holds block r reduced over all ranks
-
-The reduce-scatter alone is steps 0-1, the all-gather alone steps 2-3:
-
-        $ python -m mpidp.sim table recursive_halving --collective reduce_scatter --ranks 4
-        (the table of `python -m mpidp.sim table rabenseifner --ranks 4` steps 0-1)
-
-        $ python -m mpidp.sim table recursive_doubling --collective allgather --ranks 4
-        (the table of `python -m mpidp.sim table rabenseifner --ranks 4` steps 2-3)
-
-Across hosts the partner order decides what crosses the host links: with the
-placement handed in (`hosts`), partners on one host come first (`fold.masks`),
-so the large halves stay inside the hosts. For 2 hosts × 2 ranks (ranks 0, 1
-on host 0, ranks 2, 3 on host 1) only quarters cross, in the rounds of the
-hierarchical all-reduce; the article's order, whatever the placement, is
-`rabenseifner_article`, and there the halves cross:
-
-        $ python -m mpidp.sim table rabenseifner --ranks 4 --ppn 2
-        (the table of `python -m mpidp.sim table hierarchical --ranks 4 --ppn 2`)
-
-        $ python -m mpidp.sim table rabenseifner_article --ranks 4 --ppn 2
-        (the table of `python -m mpidp.sim table rabenseifner --ranks 4`)
-
-        $ python -m mpidp.sim table rabenseifner_article --ranks 4
-        (the table of `python -m mpidp.sim table rabenseifner --ranks 4`)
-
-Through a host's link per direction, for G bytes on 2 × 2: G nearest first,
-2G in the article's order (`python -m mpidp.sim volume --ranks 4 --ppn 2`).
-
-The recursive-doubling all-reduce swaps the whole vector with partner
-rank ^ mask for mask = 1, 2, 4, ...: fewest rounds, most bytes. Both partners
-add the same two vectors, in one order (the lower rank's first), so that every
-rank gets the same bits: MAX of -0.0 and 0.0, or a sum of two NaNs, depends on
-the order.
-
-        $ python -m mpidp.sim table recursive_doubling --ranks 4
-        step | rank 0 | rank 1 | rank 2 | rank 3
-        -----+--------+--------+--------+-------
-           0 | ↔1:0-3 | ↔0:0-3 | ↔3:0-3 | ↔2:0-3
-           1 | ↔2:0-3 | ↔3:0-3 | ↔0:0-3 | ↔1:0-3
-
-Any N: q = 2^floor(log2 N) ranks run the loops below, r = N - q fold into a
-partner first and get their result from it after (fold.py). The main loops
-(`_halving`, `_doubling`, `_swapping`) know nothing of the fold: they run on q
-ranks and q blocks, as for N = q, and `remap` sends each message to the real
-rank that plays its peer. `python -m mpidp.sim table rabenseifner --ranks 6`
-prints the fold's steps.
+Any N: q = 2^floor(log2 N) ranks run the loops, r = N - q fold into a partner
+first and get their result from it after (fold.py). The loops know nothing of the
+fold: they run on q virtual ranks and q virtual blocks, as for N = q, and `remap`
+sends each message to the real rank that plays its peer. `python -m mpidp.sim table
+rabenseifner --ranks 6` prints the fold's steps. Across hosts the partners on one
+host come first (nearest.py).
 
 Cost (G bytes, N ranks, q = 2^floor(log2 N), k = log2 q, f = 1 if N > q, else 0;
 α per message, β per byte, γ per reduced byte; the f terms are the fold's, fold.py):
@@ -81,8 +55,6 @@ Cost (G bytes, N ranks, q = 2^floor(log2 N), k = log2 q, f = 1 if N > q, else 0;
         kα + G(q-1)/q·β + f·(2α + G/N·β + Gβ)
     rabenseifner, rabenseifner_article all-reduce:
         2kα + 2G(q-1)/q·β + G(q-1)/q·γ + f·(3α + 2Gβ + G/2·γ)
-    recursive_doubling all-reduce:
-        k(α + Gβ + Gγ) + f·(2α + 2Gβ + Gγ)
 
 Reference: Thakur, Rabenseifner, Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 2005, sections 4.4-4.5;
@@ -92,95 +64,60 @@ Rabenseifner, "Optimization of collective reduction operations", ICCS 2004.
 from __future__ import annotations
 
 from .blocks import Blocks
-from .fold import VirtualBlocks, fold, fold_in, masks, owners, real, real_ranks, virtual
-from .hosts import Links, spans_hosts
+from .fold import VirtualBlocks, fold, fold_in, masks, owners, real_ranks, virtual
+from .nearest import link, placed_doubling, placed_halving
 from .ops import Op
 from .rounds import Cost, Recv, Rounds, Send, remap
 
-
-def halving_scratch(blocks: Blocks, N: int | None = None) -> int:
-    """Scratch items for halving on `blocks` among N ranks (one block each): the larger
-    first half (or fold half), whichever partner comes first (the placement decides)."""
-    q, r = fold(len(blocks) if N is None else N)
-    need = blocks.total - blocks.total // 2 if r else 0
-    vblocks = VirtualBlocks(blocks, r)
-    sizes = [vblocks.span(v, v + 1).stop - vblocks.span(v, v + 1).start for v in range(q)]
-    for mask in masks(None, q, r):  # the first kept half, whichever mask comes first
-        for side in (0, mask):
-            need = max(need, sum(s for v, s in enumerate(sizes) if v & mask == side))
-    return need
+# ------------------------------------------------ the article's loops: q = 2^k ranks, q blocks
 
 
-def rabenseifner_scratch(blocks: Blocks) -> int:
-    """Scratch items for `rabenseifner_allreduce` of ``blocks.total`` items on len(blocks) ranks.
-
-    The main loop's first kept half of q equal blocks, the larger blocks first, is at
-    least half the vector, so it also covers the fold's half.
-    """
-    q = fold(len(blocks))[0]
-    base, extra = divmod(blocks.total, q)
-    return 0 if q == 1 else base * (q // 2) + min(extra, q // 2)
-
-
-# ------------------------------------------- the main loops: q = 2^k ranks, q blocks
-
-
-def _halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, src,
-             masks: tuple, owner) -> Rounds:
-    """Recursive halving among q ranks, partners in the order `masks`; ends with the
-    block that rank `owner[block]` is `rank`, reduced over all of them.
+def halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, src) -> Rounds:
+    """Recursive halving among q ranks: ends with block `rank` reduced over all of them.
 
     `src`: the input if it is not in `buf` (read in the first step only; buf gets the sums).
-    With block b ending on rank b (owner = range(q)) in another order than the
-    article's, a rank keeps every other block, ...: several messages per round.
     """
-    mine = range(q)  # the blocks I am still reducing
-    for mask in masks:
+    lo, hi = 0, q  # the blocks I am still reducing: lo..hi-1
+    mask = q // 2
+    while mask:
         partner = rank ^ mask
-        send = [b for b in mine if owner[b] & mask != rank & mask]  # they end on its side
-        mine = [b for b in mine if owner[b] & mask == rank & mask]
-        kept, at, recv = blocks.pieces(buf, mine), 0, []
-        for view in kept:  # the partner's copies of them, one after the other in tmp
-            recv.append(tmp[at : at + view.size])
-            at += view.size
-        yield ([Send(v, partner) for v in blocks.pieces(src, send)]
-               + [Recv(t, partner) for t in recv])
-        for acc, t, mine_src in zip(kept, recv, blocks.pieces(src, mine), strict=True):
-            op(acc, t, mine_src)  # my blocks += the partner's copies of them
+        mid = lo + mask
+        if rank & mask:  # I keep the upper half, my partner the lower one
+            send, lo = blocks.span(lo, mid), mid
+        else:
+            send, hi = blocks.span(mid, hi), mid
+        keep = blocks.span(lo, hi)
+        theirs = tmp[: keep.stop - keep.start]  # the partner's copy of my half
+        yield [Send(src[send], partner), Recv(theirs, partner)]
+        op(buf[keep], theirs, src[keep])  # my half += the partner's copy of it
         src = buf  # from the second step on, everything I send or add is in buf
+        mask >>= 1
 
 
-def _doubling(rank: int, q: int, buf, blocks: VirtualBlocks, masks: tuple, owner) -> Rounds:
-    """Recursive doubling among q ranks, `masks` backwards; starts with the block whose
-    `owner` is `rank`, ends with all q blocks."""
-    block_of = {v: b for b, v in enumerate(owner)}  # rank -> the block it ended with
-    mine = [block_of[rank]]  # the blocks I hold
-    for mask in reversed(masks):
-        partner = rank ^ mask
-        theirs = sorted(block_of[owner[b] ^ mask] for b in mine)  # as many, mirrored
-        yield ([Send(v, partner) for v in blocks.pieces(buf, mine)]
-               + [Recv(v, partner) for v in blocks.pieces(buf, theirs)])
-        mine = sorted(mine + theirs)
-
-
-def _swapping(rank: int, q: int, buf, op: Op, tmp, src) -> Rounds:
-    """Recursive-doubling all-reduce among q ranks: swap the whole vector with rank ^ mask.
-
-    Both partners compute the pair's sum, so both compute it in one order, the lower
-    rank's vector first: in the other order MAX of -0.0 and 0.0, or the sum of two
-    NaNs, gives other bits, and the ranks' results would differ.
-    """
+def doubling(rank: int, q: int, buf, blocks: VirtualBlocks) -> Rounds:
+    """Recursive doubling among q ranks: starts with block `rank`, ends with all q."""
+    lo, hi = rank, rank + 1  # the blocks I hold: lo..hi-1
     mask = 1
     while mask < q:
         partner = rank ^ mask
-        yield [Send(src, partner), Recv(tmp, partner)]
-        mine, theirs = src, tmp
-        if rank < partner:  # op(acc, b, a) leaves a ⊕ b in acc
-            op(buf, theirs, mine)  # buf = mine ⊕ theirs
-        else:
-            op(buf, mine, theirs)  # buf = theirs ⊕ mine: the same bits as my partner's
-        src = buf
+        theirs = lo ^ mask  # the partner holds as many, mirrored across the mask
+        yield [Send(buf[blocks.span(lo, hi)], partner),
+               Recv(buf[blocks.span(theirs, theirs + mask)], partner)]
+        lo, hi = min(lo, theirs), max(hi, theirs + mask)
         mask <<= 1
+
+
+def _halving(rank, q, buf, blocks, op, tmp, src, order, owner) -> Rounds:
+    """The article's loop in its order, the nearest-first one in any other."""
+    if order == masks(None, q, 0) and tuple(owner) == tuple(range(q)):
+        return halving(rank, q, buf, blocks, op, tmp, src)
+    return placed_halving(rank, q, buf, blocks, op, tmp, src, order, owner)
+
+
+def _doubling(rank, q, buf, blocks, order, owner) -> Rounds:
+    if order == masks(None, q, 0) and tuple(owner) == tuple(range(q)):
+        return doubling(rank, q, buf, blocks)
+    return placed_doubling(rank, q, buf, blocks, order, owner)
 
 
 # ------------------------------------------------- the collectives: fold, loop, unfold
@@ -198,13 +135,10 @@ def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src
     """
     rank, N = comm.Get_rank(), comm.Get_size()
     q, r = fold(N)
-    src = buf if src is None else src
-    if rank < 2 * r:
-        yield from fold_in(buf, op, tmp, rank, src)
-        if rank % 2 == 0:  # idle until my partner sends my finished block
-            yield [Recv(blocks.view(buf, rank), rank + 1)]
-            return
-        src = buf  # the pair's data is in buf now
+    src = yield from fold_in(buf, op, tmp, rank, r, buf if src is None else src,
+                             blocks.view(buf, rank))
+    if src is None:  # my partner sent my finished block
+        return
     vrank, vblocks = virtual(rank, r), VirtualBlocks(blocks, r)
     order = masks(hosts, q, r)  # block v ends on virtual rank v, whatever the order
     yield from remap(_halving(vrank, q, buf, vblocks, op, tmp, src, order, range(q)),
@@ -215,7 +149,7 @@ def recursive_halving_reduce_scatter(comm, buf, blocks: Blocks, op: Op, tmp, src
 
 
 def recursive_doubling_allgather(comm, buf, blocks: Blocks, hosts=None) -> Rounds:
-    """Fill every block of `buf` from its owner; blocks may have any counts and displacements
+    """Fill every block of `buf` from its owner; blocks may have any counts
     (`hosts`: the placement, as for the reduce-scatter)."""
     rank, N = comm.Get_rank(), comm.Get_size()
     q, r = fold(N)
@@ -249,13 +183,9 @@ def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None, hos
     """
     rank, N = comm.Get_rank(), comm.Get_size()
     q, r = fold(N)
-    src = buf if src is None else src
-    if rank < 2 * r:
-        yield from fold_in(buf, op, tmp, rank, src)
-        if rank % 2 == 0:  # idle until my partner sends the result
-            yield [Recv(buf, rank + 1)]
-            return
-        src = buf  # the pair's data is in buf now
+    src = yield from fold_in(buf, op, tmp, rank, r, buf if src is None else src, buf)
+    if src is None:  # my partner sent the result
+        return
     vrank, vblocks = virtual(rank, r), VirtualBlocks(Blocks.even(buf.size, q), 0)
     order = masks(hosts, q, r, article)
     owner = owners(order)  # any block may end anywhere: each rank's blocks stay one run
@@ -271,78 +201,57 @@ def rabenseifner_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None, hos
 def rabenseifner_article_allreduce(comm, buf, blocks: Blocks, op: Op, tmp,
                                    src=None) -> Rounds:
     """Rabenseifner in the article's order, partner at distance q/2 first, whatever the
-    placement: across hosts numbered host by host, the large halves cross (see above)."""
+    placement: across hosts numbered host by host, the large halves cross (nearest.py)."""
     return rabenseifner_allreduce(comm, buf, blocks, op, tmp, src, article=True)
 
 
-def recursive_doubling_allreduce(comm, buf, blocks: Blocks, op: Op, tmp, src=None) -> Rounds:
-    """All-reduce into `buf`: swap the whole vector with partner rank ^ mask, log2 q rounds.
+# ------------------------------------------------------------ scratch and cost
 
-    Args:
-        tmp: scratch of ``buf.size`` items, the partner's vector.
-        src: the input, if it is not in `buf` (out of place, N > 1); read, never written.
+
+def halving_scratch(blocks: Blocks, N: int | None = None) -> int:
+    """Scratch items for halving on `blocks` among N ranks (one block each): the larger
+    first half (or fold half), whichever partner comes first (the placement decides)."""
+    q, r = fold(len(blocks) if N is None else N)
+    need = blocks.total - blocks.total // 2 if r else 0
+    vblocks = VirtualBlocks(blocks, r)
+    sizes = [vblocks.span(v, v + 1).stop - vblocks.span(v, v + 1).start for v in range(q)]
+    for mask in masks(None, q, r):  # the first kept half, whichever mask comes first
+        for side in (0, mask):
+            need = max(need, sum(s for v, s in enumerate(sizes) if v & mask == side))
+    return need
+
+
+def rabenseifner_scratch(blocks: Blocks) -> int:
+    """Scratch items for `rabenseifner_allreduce` of ``blocks.total`` items on len(blocks) ranks.
+
+    The main loop's first kept half of q equal blocks, the larger blocks first, is at
+    least half the vector, so it also covers the fold's half.
     """
-    rank, N = comm.Get_rank(), comm.Get_size()
-    q, r = fold(N)
-    src = buf if src is None else src
-    if rank < 2 * r and rank % 2 == 0:  # extra rank: hand my vector over, get the result back
-        yield [Send(src, rank + 1)]
-        yield [Recv(buf, rank + 1)]
-        return
-    if rank < 2 * r:
-        yield [Recv(tmp, rank - 1)]
-        op(buf, src, tmp)  # buf = the even rank's ⊕ mine, the lower rank's first
-        src = buf
-    yield from remap(_swapping(virtual(rank, r), q, buf, op, tmp, src), real_ranks(q, r))
-    op.finish(buf, N)
-    if rank < 2 * r:
-        yield [Send(buf, rank - 1)]
-
-
-# ------------------------------------------------------------ the cost (the docstring's lines)
+    q = fold(len(blocks))[0]
+    base, extra = divmod(blocks.total, q)
+    return 0 if q == 1 else base * (q // 2) + min(extra, q // 2)
 
 
 def _terms(N: int, G: float):
     q, r = fold(N)
-    return q, r, q.bit_length() - 1, float(r > 0), G * (q - 1) / q  # q, r, k, f, G(q-1)/q
-
-
-def _link(N: int, G: float, hosts, whole: bool, article: bool = False) -> float | None:
-    """Bytes through the busiest host link of an all-reduce: the fold's pairs, then the
-    main loop's partners in the order `masks` gives (`whole`: the whole vector each step)."""
-    if not spans_hosts(hosts) or N < 2:
-        return 0.0
-    q, r = fold(N)
-    links = Links(hosts)
-    for i in range(r):  # the even rank sends half, then its reduced half; gets half, the result
-        links.send(2 * i, 2 * i + 1, G)
-        links.send(2 * i + 1, 2 * i, G if whole else 1.5 * G)
-    for v in range(q):
-        for step, mask in enumerate(masks(tuple(hosts), q, r, article)):
-            links.send(real(v, r), real(v ^ mask, r), G if whole else 2 * G / (2 << step))
-    return links.busiest
+    return q.bit_length() - 1, float(r > 0), G * (q - 1) / q  # k, f, G(q-1)/q
 
 
 def recursive_halving_cost(N: int, G: float, hosts=None) -> Cost:
-    q, r, k, f, part = _terms(N, G)
+    k, f, part = _terms(N, G)
     return Cost(k + 3 * f, part + f * (G + G / N), part + f * G / 2)
 
 
 def recursive_doubling_allgather_cost(N: int, G: float, hosts=None) -> Cost:
-    q, r, k, f, part = _terms(N, G)
+    k, f, part = _terms(N, G)
     return Cost(k + 2 * f, part + f * (G / N + G), 0.0)
 
 
 def rabenseifner_cost(N: int, G: float, hosts=None) -> Cost:
-    q, r, k, f, part = _terms(N, G)
+    k, f, part = _terms(N, G)
     return Cost(2 * k + 3 * f, 2 * part + f * 2 * G, part + f * G / 2,
-                _link(N, G, hosts, whole=False))
+                link(N, G, hosts, whole=False))
 
 
 def rabenseifner_article_cost(N: int, G: float, hosts=None) -> Cost:
-    return rabenseifner_cost(N, G)._replace(link=_link(N, G, hosts, whole=False, article=True))
-
-
-def recursive_doubling_cost(N: int, G: float, hosts=None) -> Cost:
-    q, r, k, f, part = _terms(N, G)
-    return Cost(k + 2 * f, k * G + f * 2 * G, k * G + f * G, _link(N, G, hosts, whole=True))
+    return rabenseifner_cost(N, G)._replace(link=link(N, G, hosts, whole=False, article=True))

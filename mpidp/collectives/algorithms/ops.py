@@ -7,7 +7,7 @@ point rounding), so the algorithms may combine blocks in any order; but a sum
 that several ranks compute must be computed in the same order on each, for
 every rank to get the same bits (``maximum(-0.0, 0.0)`` is ``0.0``,
 ``maximum(0.0, -0.0)`` is ``-0.0``; a sum of two NaNs keeps the first one's
-payload): `halving._swapping`.
+payload): `doubling.swapping`.
 
 ``AVG`` is not an MPI operator: it is the sum, divided by the number of ranks
 once at the end (`Op.finish`), which is what gradient averaging needs.

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .. import plans
 from ..checks import index, indices
 from ..plans import IN_PLACE
-from .bufspec import check_match, check_op, in_place, simple, vector
+from .bufspec import check_match, in_place, simple, vector
+from .datatypes import check_op
 
 
 def allreduce(call, c, sendbuf, recvbuf, op, algorithm):

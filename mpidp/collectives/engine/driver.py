@@ -72,26 +72,38 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
 
 
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
-        stager: Stager | None = None, on_fail: Callable[[], None] | None = None) -> int:
+        stager: Stager | None = None, on_fail: Callable[[], None] | None = None,
+        entry: list | None = None) -> int:
     """Run a schedule to completion (the blocking collective); return its round count.
 
     `on_fail` is called if the schedule raises (its own work, or an MPI call: either
     way after its round's messages are done with). With ``MPIDP_TIMEOUT`` set, the
-    rounds are polled against that deadline instead (`Request`).
+    rounds are polled against that deadline instead (`Request`). `entry`: the call's
+    flight record, handed what runs (``flight.RUNNING``) so that a dump can say which
+    round is in flight; a deadline that passes leaves the request there.
     """
     if default_timeout() is not None:
         request = Request(comm, rounds, tag, on_done, stager, on_fail)
+        if entry is not None:
+            entry[flight.RUNNING] = request
         request.wait()
+        if entry is not None:
+            entry[flight.RUNNING] = None
         return request.rounds
     count = 0
     try:
         for round_ in rounds:
+            if entry is not None:
+                entry[flight.RUNNING] = (count, round_)
             exchange(comm, round_, tag, stager)
             count += 1
     except BaseException:
         if on_fail is not None:
             on_fail()
         raise
+    finally:
+        if entry is not None and not isinstance(entry[flight.RUNNING], Request):
+            entry[flight.RUNNING] = None  # pins none of the caller's arrays once done
     if on_done is not None:
         on_done()
     return count
@@ -261,5 +273,3 @@ class Request(Polled):
 # word for a driven generator; `Request` is mpi4py's)
 Handle = Request
 
-
-flight.know_driver(run.__code__, Request)  # where a dump finds a blocking call's round

@@ -46,7 +46,6 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import of
 from ..algorithms.ops import Op, Wrapper
 from ..algorithms.rounds import Recv, Rounds, Send, no_rounds
 from .completion import Polled
@@ -54,16 +53,16 @@ from .staging import msg
 
 
 def replayable(plan) -> bool:
-    """True if the runs of `plan` (a `plan.Plan`: its comm, algorithm, arguments and
-    stager) may be recorded once and replayed (see the module docstring)."""
+    """True if the runs of `plan` (a `plan.Plan`: its comm, registered algorithm, source
+    buffer and stager) may be recorded once and replayed (see the module docstring)."""
     if plan.stager is not None or not isinstance(plan.call.comm, MPI.Comm):
         return False
     if plan.algo is no_rounds:
         return True
-    found = of(plan.algo)
-    if found is None or not found.replayable:  # not a registered algorithm, or it copies
+    found = plan.algorithm
+    if found is None or not found.replayable:  # the call path's own rounds, or it copies
         return False
-    return found.replayable is True or plan.args[5] is None  # "in place": (..., tmp, src)
+    return found.replayable is True or plan.src is None  # "in place" only
 
 
 class Recorder(Wrapper):

@@ -20,7 +20,8 @@ min) / median over runs, of the two rows compared at that size.
 
 from __future__ import annotations
 
-from .output import human
+from mpidp.bench.output import human
+
 from .runs import ratio_range
 
 KIB, MIB = 1 << 10, 1 << 20

@@ -18,7 +18,7 @@ import os
 import re
 import statistics
 
-from .output import bus_factor, read_json
+from mpidp.bench.output import bus_factor, read_json
 
 FILE = re.compile(r"collectives-n(\d+)(?:-r(\d+))?\.json$")
 

@@ -1,4 +1,4 @@
-"""``python -m mpidp.bench.overlap_hosts``: docs/overlap.md's across-hosts tables, from the runs.
+"""``python -m tools.overlap_hosts``: docs/overlap.md's across-hosts tables, from the runs.
 
 The runs are `bench overlap --json` files in ``--data`` (docs/bench/overlap-hosts),
 each with a .txt beside it whose first line is `uptime` before the run:
@@ -23,7 +23,8 @@ import re
 
 import numpy as np
 
-from .output import read_json, replace_marked
+from mpidp.bench.output import read_json, replace_marked
+
 from .report import _efficiency as efficiency_of
 
 ONEHOST_BEGIN, ONEHOST_END = "<!-- overlap-onehost -->", "<!-- /overlap-onehost -->"
@@ -98,7 +99,7 @@ def overlap_hosts_tables(paths: list[str], base: str = ".") -> list[str]:
     efficiency; then per mode the median and the lowest over the runs, and the bucket
     timeline's medians (buckets but the last complete before backward ends; the last
     one's completion after backward's end, ms)."""
-    from .overlap import BASELINES  # (here: it imports MPI, which the tables need not)
+    from mpidp.bench.overlap import BASELINES  # (here: it imports MPI, which the tables need not)
 
     lines = []
     for (hosts, ppn, rate, batch, asynchronous), runs in sorted(groups(paths).items()):
@@ -172,7 +173,7 @@ def onehost_table(paths: list[str], base: str = ".") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpidp.bench.overlap_hosts", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.overlap_hosts", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="docs/bench/overlap-hosts")
     p.add_argument("--doc", default="docs/overlap.md")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                   onehost_table(onehost, os.path.dirname(args.doc))):
         print(f"updated the one-host table in {args.doc}")
     if args.plot:
-        from .overlap import plot
+        from mpidp.bench.overlap import plot
 
         plot(read_json(args.plot[0]), args.plot[1])
         print(f"drew {args.plot[1]}")
