@@ -76,6 +76,15 @@ def _power(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def equal_hosts(placement, N: int) -> int | None:
+    """P if `placement` puts P ranks on each host, numbered host by host (0: one host, or
+    none given); None for any other placement."""
+    if placement is None or not any(placement):
+        return 0
+    P = list(placement).count(0)
+    return P if tuple(placement) == layout(N, ppn=P) and N % P == 0 else None
+
+
 def symmetric(collective: str, algorithm: str, N: int, ppn: int = 0) -> bool:
     """True where every host's ranks do what host 0's do, round by round (equal hosts)."""
     if ppn and N % ppn:
