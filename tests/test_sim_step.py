@@ -153,7 +153,8 @@ def step(argv, capsys):
     (["--rate", "0"], "--rate"), (["--ranks", "0"], "--ranks"),
     (["--zero", "1", "--algorithm", "direct"], "--algorithm"),
     (["--ranks", "128"], "--global-batch 64"), (["--model", "gpt", "--width", "10"], "--width"),
-    (["--profile", "/nonexistent/p.json"], "p.json")])
+    (["--profile", "/nonexistent/p.json"], "p.json"), (["--draw", "/tmp/x.txt"], "--draw"),
+    (["--json", "/nonexistent/s.json"], "--json")])
 def test_a_bad_flag_is_one_line_and_exit_code_2(argv, says, capsys):
     code, out, err = step(argv, capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err

@@ -13,10 +13,12 @@ here first, on this machine.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from mpidp import cli, files
 from mpidp.collectives import ALGORITHMS
+from mpidp.training import outputs
 from mpidp.training.buckets import make_buckets
 from mpidp.training.pieces import HIGH, LOW
 from mpidp.training.trainer import piece_mb
@@ -108,6 +110,11 @@ def checked(args) -> None:
     if args.zero and args.algorithm not in ("auto", "ring", "rabenseifner"):
         raise cli.UsageError(f"--zero {args.zero} runs reduce-scatter + all-gather: "
                              "--algorithm must be one of auto, ring, rabenseifner")
+    problem = outputs.check({"--json": args.json, "--draw": args.draw}, appended=())
+    if problem:  # before any work: the trainers' check of their output files
+        raise cli.UsageError(problem)
+    if args.draw and os.path.splitext(args.draw)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise cli.UsageError(f"--draw {args.draw}: a .png, .svg or .pdf to draw")
     for N in args.ranks:
         if N % args.ppn:
             raise cli.UsageError(f"--ppn {args.ppn} does not divide --ranks {N} (equal hosts)")
