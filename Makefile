@@ -41,7 +41,7 @@ endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test test-openmpi demo gpt gpt-doc walkthrough lint bench bench-publish dropin \
-        gpu-check zero-table sim-page overlap-hosts overlap-hosts-doc torch torch-bench clean
+        gpu-check zero-table sim-page scale-profile scale-page step-vs-measured overlap-hosts overlap-hosts-doc torch torch-bench clean
 
 setup: $(STAMP)
 
@@ -250,6 +250,22 @@ zero-table: $(STAMP)
 # the program prints into the page (tests/test_sim_page.py says when a block drifts)
 sim-page: $(STAMP)
 	$(PY) -m mpidp.sim.page docs/simulator.md
+
+# `make scale-page`: docs/scale.md from the profile in docs/scale/ (tests/test_sim_scale.py
+# checks the page's rows); `make scale-profile` measures that profile again on this machine
+scale-profile: $(STAMP)
+	$(PY) -m mpidp.sim profile --model gpt --batch 8 --repeats 20 -o docs/scale/gpt-profile.json
+
+scale-page: $(STAMP)
+	$(PY) -m mpidp.sim.scale docs/scale/gpt-profile.json -o docs/scale.md
+
+# `make step-vs-measured`: issue 39's item 2, sim step's prediction beside bench overlap's
+# measured median step on 2 emulated hosts x 1 rank (needs root and a quiet machine; the
+# table on stdout, every run with its load). STEP_RATES, STEP_BATCHES narrow it.
+STEP_RATES ?= 200mbit 1gbit 10gbit
+STEP_BATCHES ?= 512 2048
+step-vs-measured: $(STAMP)
+	$(PY) -m mpidp.sim.measured --rates "$(STEP_RATES)" --batches "$(STEP_BATCHES)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

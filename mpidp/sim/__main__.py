@@ -1,4 +1,4 @@
-"""python -m mpidp.sim {table,draw,check,volume,predict}: see docs/simulator.md."""
+"""python -m mpidp.sim {table,draw,check,volume,predict,step,profile}: see docs/simulator.md."""
 
 from __future__ import annotations
 
@@ -157,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
                    "fixed cost: from the other flags)")
     r.add_argument("--compare", help="a `mpidp.bench collectives --json` file: its measured "
                    "times go beside the predictions, at its N and sizes")
+    for name, what in (("step", "predict one training step of a trainer on N ranks"),
+                       ("profile", "measure each unit's compute for `step --profile`")):
+        sub.add_parser(name, help=f"{what} (its own flags: {name} --help)", add_help=False)
     return p
 
 
@@ -200,7 +203,12 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["step"], ["profile"]):  # their flags are the trainers' (stepcli.py)
+        from .stepcli import main as step_main
+
+        return step_main(list(argv))
+    args = parse_args(argv)
     try:
         return run(args)
     except ScheduleError as e:  # a schedule of your own that MPI would not run either

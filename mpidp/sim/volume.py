@@ -14,7 +14,10 @@ import math
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.algorithms.fold import fold
 
+from . import symmetry as symmetry_mod
 from .collective import names, resolve, simulate
+
+FULL_UP_TO = 1024  # ranks: the largest N simulated whole when there is no symmetry to use
 
 NOTE = """\
 The article's D = D_send + D_recv = 2·G·(N-1)/N adds what one rank moves in the
@@ -41,10 +44,19 @@ def count_for(collective: str, algorithm, N: int) -> int:
     return count
 
 
-def measure(collective: str, algorithm, N: int, placement=None) -> dict:
+def measure(collective: str, algorithm, N: int, placement=None,
+            symmetry: bool | None = None) -> dict:
     """Bytes sent and received per rank (most and least over the ranks), as multiples of G;
     with a `placement` (the host of each rank), also the bytes through the busiest host
-    link in its busier direction ("link")."""
+    link in its busier direction ("link"). `symmetry`: from host 0's ranks alone
+    (`symmetry.by_symmetry`, where the schedule allows it); None: so past 256 ranks."""
+    ppn = symmetry_mod.equal_hosts(placement, N)
+    if symmetry is None:
+        symmetry = N > 256 and ppn is not None and isinstance(algorithm, str) and \
+            symmetry_mod.symmetric(collective, algorithm, N, ppn)
+    if symmetry:
+        return from_schedule(symmetry_mod.by_symmetry(collective, algorithm, N, ppn),
+                             placement is not None)
     count = count_for(collective, algorithm, N)
     out = simulate(collective, algorithm, N, count, dtype="uint8", placement=placement,
                    data=False)  # bytes are counted, not moved: the schedules ignore the data
@@ -54,6 +66,17 @@ def measure(collective: str, algorithm, N: int, placement=None) -> dict:
            "recv": max(s.bytes_received) / G, "recv_min": min(s.bytes_received) / G}
     if placement is not None:
         row["link"] = max(link_bytes(s, placement)) / G
+    return row
+
+
+def from_schedule(sched, link: bool) -> dict:
+    """`measure`'s row from a `symmetry.Schedule` (its G: the schedule's float32 bytes)."""
+    G = float(sched.count * symmetry_mod.ITEM)
+    row = {"N": sched.N, "algorithm": sched.algorithm, "steps": len(sched.steps),
+           "sent": sched.sent[1] / G, "sent_min": sched.sent[0] / G,
+           "recv": sched.received[1] / G, "recv_min": sched.received[0] / G}
+    if link:
+        row["link"] = sched.link / G
     return row
 
 
@@ -70,9 +93,18 @@ def link_bytes(sim, placement) -> list[int]:
 
 def volume(ranks, collective: str = "allreduce", algorithms=None, placement=None) -> list[dict]:
     """`measure` for every algorithm (mpidp's, by default) and every N in `ranks`;
-    `placement`: a function of N giving the host of each rank (None: one host)."""
-    return [measure(collective, a, N, placement and placement(N)) for N in ranks
-            for a in algorithms or names(collective)]
+    `placement`: a function of N giving the host of each rank (None: one host). Past
+    `FULL_UP_TO` ranks only the algorithms with a symmetry (`symmetry.symmetric`) run."""
+    rows = []
+    for N in ranks:
+        where = placement and placement(N)
+        ppn = symmetry_mod.equal_hosts(where, N)
+        for a in algorithms or names(collective):
+            if N > FULL_UP_TO and not (ppn is not None and isinstance(a, str) and
+                                       symmetry_mod.symmetric(collective, a, N, ppn)):
+                continue  # no symmetry to use, and the whole run would take minutes: left blank
+            rows.append(measure(collective, a, N, where))
+    return rows
 
 
 def format_volume(rows: list[dict]) -> str:

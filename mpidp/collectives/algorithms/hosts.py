@@ -17,7 +17,10 @@ def spans_hosts(hosts) -> bool:
 
 def members(hosts) -> list[list[int]]:
     """members[h]: the ranks on host h, in rank order."""
-    return [[q for q in range(len(hosts)) if hosts[q] == h] for h in range(max(hosts) + 1)]
+    out = [[] for _ in range(max(hosts) + 1)]
+    for q, h in enumerate(hosts):  # one pass: a host at a time would be N x hosts (16k ranks)
+        out[h].append(q)
+    return out
 
 
 class Links:
