@@ -34,7 +34,7 @@ def efficiencies(profile: dict, ranks=RANKS, rates=RATES, algorithms=ALGORITHMS)
     """{(rate, algorithm, overlap): [efficiency at each N of `ranks`]}."""
     m = prof.build("gpt", SHAPE, profile["dtype"])
     buckets = make_buckets(m, BUCKET_MB * MiB, min(FIRST_MB, BUCKET_MB) * MiB)  # as ddp.py
-    reds = [Reduction(f"bucket {b.index}", b.layers[-1], 1.0, int(b.flat.nbytes))
+    reds = [Reduction(f"bucket {b.index}", b.units[-1], 1.0, int(b.flat.nbytes))
             for b in buckets]
     units = scaled(profile, profile["batch"])
     one = predict(units, reds, profile["update_s"], 1, 0, Net())["step_s"]

@@ -134,11 +134,11 @@ def reductions(m, args, N: int, net: Net, cache: dict) -> list[Reduction]:
     elif size is not None:
         size = int(size * MiB)
     if size is None or args.model != "mlp" or args.zero:
-        return [Reduction(f"bucket {b.index}", b.layers[-1], 1.0, int(b.flat.nbytes))
+        return [Reduction(f"bucket {b.index}", b.units[-1], 1.0, int(b.flat.nbytes))
                 for b in buckets]
     out = []
     for b in buckets:
-        for i in b.layers:  # W (in, out) in row blocks, then b with the last block
+        for i in b.units:  # W (in, out) in row blocks, then b with the last block
             n_in, n_out = m.grads[f"W{i}"].shape
             item = m.grads[f"W{i}"].itemsize
             rows = max(1, round(size / (n_out * item)))
