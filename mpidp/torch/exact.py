@@ -31,9 +31,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import recorder
 from ..collectives import api
 from ..collectives.algorithms.ops import EXACT_AVG
 from ..collectives.plans import IN_PLACE
+from ..collectives.state import state as comm_state
 from .group import ProcessGroup
 
 
@@ -57,6 +59,7 @@ def exact_avg_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
         raise TypeError(f"mpidp's exact_avg_hook takes CPU buckets, not {buf.device} ones")
     arr = buf.detach().numpy()  # DDP's bucket buffers are contiguous
     req = api.iallreduce(pg.comm, IN_PLACE, arr, op=EXACT_AVG, **pg._kw)
+    recorder.name_call(comm_state(pg.comm).flight, req, f"DDP bucket {bucket.index()}")
     work = pg._start([req], [buf], None, "exact_avg_hook")
     return work.get_future().then(lambda fut: fut.value()[0])
 

@@ -26,15 +26,16 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .. import recorder
 from ..collectives import api, cost
 from ..collectives.engine.completion import default_timeout
 from ..collectives.placement import placement
 from ..collectives.plans import IN_PLACE
-from ..collectives.state import TAG_BASE
+from ..collectives.state import TAG_BASE, state
 from . import tensors as tz
 from .options import Options
 from .tensors import staged
-from .work import Progress, Work
+from .work import InBackward, Progress, Tested, Work
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -61,6 +62,7 @@ class ProcessGroup(dist.ProcessGroup):
         self.options = options or Options()
         self.progress = Progress(self.options.progress_interval_s)
         self._kw = {"debug": True} if self.options.debug else {}
+        self._backward = InBackward()  # which of DDP's buckets an all-reduce is
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return "mpidp"
@@ -119,6 +121,10 @@ class ProcessGroup(dist.ProcessGroup):
         reqs = [api.iallreduce(self.comm, IN_PLACE, p.array, op=op,
                                algorithm=self._algorithm("allreduce"), **self._kw)
                 for p in parts]
+        bucket = self._backward.allreduce_started()
+        if bucket is not None:  # its site is loss.backward()'s line: say which bucket
+            for req in reqs:
+                recorder.name_call(state(self.comm).flight, req, f"DDP bucket {bucket}")
         return self._start(reqs, list(tensors), finish, name)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -234,7 +240,7 @@ class ProcessGroup(dist.ProcessGroup):
             tz.check(t, name)
             parts.append(tz.on_host(t, copy_in=name == "send"))
         post = self.comm.Isend if name == "send" else self.comm.Irecv
-        reqs = [_Tested(post(p.array, peer, tag)) for p in parts]
+        reqs = [Tested(post(p.array, peer, tag)) for p in parts]
         return self._start(reqs, list(tensors), tz.finish_all(parts), name)
 
     def recv_anysource(self, tensors, tag: int = 0):
@@ -271,18 +277,6 @@ class ProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.progress.close()
-
-
-class _Tested:
-    """An mpi4py request with mpidp's `test()` (mpi4py's own returns a (flag, msg) pair)."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: MPI.Request):
-        self.request = request
-
-    def test(self) -> bool:
-        return self.request.Test()
 
 
 def _unsupported(what: str) -> NotImplementedError:

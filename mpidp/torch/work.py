@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
+from mpi4py import MPI
 from torch.futures import Future
 
 from ..collectives.engine.completion import likely_causes
@@ -175,3 +177,37 @@ class Progress:
             self._cv.notify()
         self._thread.join(5.0)
 
+
+class InBackward:
+    """Counts the all-reduces a group starts inside each backward pass: DDP's reducer
+    starts its buckets' all-reduces there, in the buckets' order, so the k-th is bucket k."""
+
+    def __init__(self):
+        self.task, self.count = -1, 0  # autograd's graph task, all-reduces started in it
+
+    def allreduce_started(self) -> int | None:
+        """k for the k-th all-reduce started in the backward pass running now, else None."""
+        task = _graph_task()
+        if task < 0:
+            return None
+        self.count = self.count + 1 if task == self.task else 0
+        self.task = task
+        return self.count
+
+
+def _graph_task() -> int:
+    """The id of the backward pass running on this thread (torch's autograd), or -1."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return -1 if current is None else current()
+
+
+class Tested:
+    """An mpi4py request with mpidp's `test()` (mpi4py's own returns a (flag, msg) pair)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: MPI.Request):
+        self.request = request
+
+    def test(self) -> bool:
+        return self.request.Test()
