@@ -132,20 +132,20 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 WRONG = "| library | datatypes | ops where it computes another result |"
 
 
-def reduced(mine: np.ndarray, op: str) -> np.ndarray:
+def reduced(mine: np.ndarray, op: str, comm) -> np.ndarray:
     """The oracle where the library computes another result: NumPy's reduction of every
-    rank's input, in the datatype's own (signed) numbers. Collective."""
+    rank's input, in the datatype's own (signed) numbers. Collective over `comm`."""
     ufunc = {"MAX": np.maximum, "MIN": np.minimum, "SUM": np.add, "PROD": np.multiply}[op]
-    return ufunc.reduce(np.array(MPI.COMM_WORLD.allgather(mine)), axis=0)
+    return ufunc.reduce(np.array(comm.allgather(mine)), axis=0)
 
 
 def compare(name: str, op: str, native, mine, seen: set, where: str, wrong: set = None,
-            sent=None) -> None:
+            sent=None, comm=None) -> None:
     """Assert mpidp's outcome against the library's; record a documented deviation."""
     (n_how, n_what), (m_how, m_what) = native, mine
     if n_how == m_how == "ok":
         if wrong is not None and (name, op) in deviations(WRONG):  # every rank alike
-            want = reduced(sent, op)
+            want = reduced(sent, op, comm)
             assert same(m_what, want), f"{where}: mpidp {m_what}, NumPy {want}"
             if not same(n_what, want):
                 wrong.add((name, op))
@@ -176,7 +176,7 @@ def check_every_datatype_with_every_op_matches_the_library_or_the_standard(world
             mine = outcome(comm, t, dtype, op, i * 100 + j)
             sent = None if dtype is None else values(dtype, op, world.Get_rank(), i * 100 + j)
             compare(name, op, native, mine, seen, f"rank {world.Get_rank()}: {name} x {op}",
-                    wrong, sent)
+                    wrong, sent, world)
             computed += mine[0] == "ok"
             refused += mine[0] == "error"
     unread = sorted(name for name, t in datatypes() if mapped(t) is None)
