@@ -119,13 +119,16 @@ torch: $(STAMP)
 # root, ip, tc). Rows in docs/bench/torch/*.json; docs/torch.md's table is filled from them.
 TORCH_DATA  := docs/bench/torch
 TORCH_BIG   := --width 256 --layers 3
+# gloo takes its address from the host name, which an emulated host resolves to 127.0.0.1
+# (its peers are refused): on the host's link instead (mpidp.cluster's IFACE)
+GLOO_ON_LINK := /usr/bin/env GLOO_SOCKET_IFNAME=mpidp0
 torch-bench: $(STAMP)
 	mkdir -p $(TORCH_DATA)
 	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py --json $(TORCH_DATA)/n2-default.json
 	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py $(TORCH_BIG) --json $(TORCH_DATA)/n2-big.json
-	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(abspath $(PY)) \
+	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
 	  $(abspath examples/bench_torch.py) --json $(abspath $(TORCH_DATA))/hosts2-default.json
-	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(abspath $(PY)) \
+	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
 	  $(abspath examples/bench_torch.py) $(TORCH_BIG) \
 	  --json $(abspath $(TORCH_DATA))/hosts2-big.json
 
