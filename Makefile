@@ -262,13 +262,17 @@ scale-profile: $(STAMP)
 scale-page: $(STAMP)
 	$(PY) -m mpidp.sim.scale docs/scale/gpt-profile.json -o docs/scale.md
 
-# `make step-vs-measured`: issue 39's item 2, sim step's prediction beside bench overlap's
+# `make step-vs-measured`: sim step's prediction beside bench overlap's and bench gpt's
 # measured median step on 2 emulated hosts x 1 rank (needs root and a quiet machine; the
-# table on stdout, every run with its load). STEP_RATES, STEP_BATCHES narrow it.
+# table on stdout, every run with its load). STEP_RATES, STEP_MODELS, STEP_BATCHES (the MLP's),
+# STEP_GPT_BATCHES narrow it.
 STEP_RATES ?= 200mbit 1gbit 10gbit
 STEP_BATCHES ?= 512 2048
+STEP_MODELS ?= mlp gpt
+STEP_GPT_BATCHES ?= 12 48
 step-vs-measured: $(STAMP)
-	$(PY) -m mpidp.sim.measured --rates "$(STEP_RATES)" --batches "$(STEP_BATCHES)"
+	$(PY) -m mpidp.sim.measured --rates "$(STEP_RATES)" --models "$(STEP_MODELS)" \
+		--mlp-batches "$(STEP_BATCHES)" --gpt-batches "$(STEP_GPT_BATCHES)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

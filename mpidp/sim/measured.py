@@ -1,14 +1,15 @@
-"""Predicted against measured: `sim step` beside `bench overlap` on 2 emulated hosts × 1 rank.
+"""Predicted against measured: `sim step` beside the step benchmarks on 2 emulated hosts × 1 rank.
 
-    python -m mpidp.sim.measured --rates "200mbit 1gbit 10gbit" --batches "512 2048"
+    python -m mpidp.sim.measured --rates "200mbit 1gbit 10gbit" [--models "mlp gpt"]
     (make step-vs-measured; root: `mpidp.cluster run` makes the hosts; a quiet machine)
 
-For each rate and local batch it profiles bench overlap's MLP ([256, 512, 512, 512, 10],
-one bucket per layer) on this machine, runs `bench overlap --modes serial,overlap` across
-2 emulated hosts (its median step, the slowest rank's), and `sim step` for the same
-model, batch, buckets and rate, overlap off (serial) and on, then prints one row per
-configuration with the load before its run and the prediction's error. The runs are
-kept in --out (default: a temporary folder). The GPT's runs are not here yet.
+For each trainer, local batch and rate it profiles the model on this machine (`sim
+profile`), runs the trainer's step benchmark across 2 emulated hosts with overlap off
+(serial) and on, and `sim step` for the same model, batch, buckets and rate, then
+prints one row per configuration with the load before its run and the prediction's
+error. The MLP is `bench overlap`'s ([256, 512, 512, 512, 10], one bucket per layer;
+--mlp-batches), the GPT `bench gpt`'s (train_gpt.py's model, 0.1 MiB buckets;
+--gpt-batches). The runs are kept in --out (default: a temporary folder).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import tempfile
 
 from mpidp import untrusted
 
-MODEL = ["--model", "mlp", "--data", "synthetic", "--hidden", "512,512,512"]
 BENCH = untrusted.Record({"modes": untrusted.Record({
     m: untrusted.Record({"step_ms": untrusted.Num(0)}) for m in ("serial", "overlap")})})
 STEP = untrusted.Record({"rows": untrusted.List(untrusted.Record(
@@ -37,8 +37,27 @@ def gbit(rate: str) -> float:
     return float(m.group(1)) / (1000 if m.group(2) == "mbit" else 1)
 
 
+def vocab() -> int:
+    """The byte vocabulary of the corpus `bench gpt` trains on (this Python's stdlib)."""
+    from mpidp.training import data
+    return len(data.stdlib_text().vocab)
+
+
+def commands(model: str, batch: int, bench: str) -> tuple[list[str], list[str], list[str]]:
+    """(the model's `sim` flags, its benchmark's command, `sim step`'s bucket flags)."""
+    py = sys.executable
+    if model == "mlp":
+        return (["--model", "mlp", "--data", "synthetic", "--hidden", "512,512,512"],
+                [py, "-m", "mpidp.bench", "overlap", "--bucket-mb", "0", "--batch", str(batch),
+                 "--steps", "30", "--modes", "serial,overlap", "--json", bench],
+                ["--bucket-mb", "0", "--piece-mb", "none"])
+    return (["--model", "gpt", "--vocab", str(vocab())],
+            [py, "-m", "mpidp.bench", "gpt", "--batch", str(batch), "--json", bench],
+            ["--bucket-mb", "0.1", "--first-bucket-mb", "0.1"])
+
+
 def compare(bench_json: str, step_json: dict[str, str]) -> list[tuple[str, float, float]]:
-    """(mode, measured ms, predicted ms) from a bench overlap JSON and sim step JSONs."""
+    """(mode, measured ms, predicted ms) from a benchmark's JSON and sim step JSONs."""
     bench = untrusted.check(untrusted.read_json(bench_json, 1 << 24), BENCH, bench_json)
     rows = []
     for mode, path in step_json.items():
@@ -47,51 +66,63 @@ def compare(bench_json: str, step_json: dict[str, str]) -> list[tuple[str, float
     return rows
 
 
-def run(rates: list[str], batches: list[int], out: str) -> list[str]:
+def run(models: dict[str, list[int]], rates: list[str], out: str) -> list[str]:
     py = sys.executable
-    lines = ["| rate | batch | overlap | measured ms | predicted ms | error | load before |",
-             "|:---|---:|:---|---:|---:|---:|:---|"]
-    for batch in batches:
-        profile = os.path.join(out, f"profile-b{batch}.json")
-        subprocess.run([py, "-m", "mpidp.sim", "profile", *MODEL, "--batch", str(batch),
-                        "-o", profile], check=True)
-        for rate in rates:
-            load = f"{os.getloadavg()[0]:.2f}"
-            bench = os.path.join(out, f"h2-{rate}-b{batch}.json")
-            subprocess.run([py, "-m", "mpidp.cluster", "run", "--hosts", "2", "--rate", rate,
-                            "--", py, "-m", "mpidp.bench", "overlap", "--bucket-mb", "0",
-                            "--batch", str(batch), "--steps", "30", "--modes",
-                            "serial,overlap", "--json", bench], check=True)
-            steps = {}
-            for mode in ("serial", "overlap"):
-                steps[mode] = os.path.join(out, f"step-{rate}-b{batch}-{mode}.json")
-                subprocess.run([py, "-m", "mpidp.sim", "step", *MODEL, "--ranks", "2",
-                                "--global-batch", str(2 * batch), "--bucket-mb", "0",
-                                "--piece-mb", "none", "--rate", str(gbit(rate)),
-                                "--profile", profile, "--json", steps[mode],
-                                *(["--no-overlap"] if mode == "serial" else [])],
-                               check=True, stdout=subprocess.DEVNULL)
-            for mode, got, want in compare(bench, steps):
-                lines.append(f"| {rate} | {batch} | {'on' if mode == 'overlap' else 'off'} | "
-                             f"{got:.1f} | {want:.1f} | {(want - got) / got:+.0%} | {load} |")
+    lines = ["| trainer | rate | batch | overlap | measured ms | predicted ms | error | load |",
+             "|:---|:---|---:|:---|---:|---:|---:|:---|"]
+    for model, batches in models.items():
+        for batch in batches:
+            profile = os.path.join(out, f"profile-{model}-b{batch}.json")
+            flags, _, _ = commands(model, batch, "")
+            subprocess.run([py, "-m", "mpidp.sim", "profile", *flags, "--batch", str(batch),
+                            "-o", profile], check=True)
+            for rate in rates:
+                load = f"{os.getloadavg()[0]:.2f}"
+                bench = os.path.join(out, f"h2-{model}-{rate}-b{batch}.json")
+                _, measure, buckets = commands(model, batch, bench)
+                subprocess.run([py, "-m", "mpidp.cluster", "run", "--hosts", "2", "--rate",
+                                rate, "--", *measure], check=True)
+                steps = {}
+                for mode in ("serial", "overlap"):
+                    steps[mode] = os.path.join(out, f"step-{model}-{rate}-b{batch}-{mode}.json")
+                    subprocess.run([py, "-m", "mpidp.sim", "step", *flags, "--ranks", "2",
+                                    "--global-batch", str(2 * batch), *buckets,
+                                    "--rate", str(gbit(rate)), "--profile", profile,
+                                    "--json", steps[mode],
+                                    *(["--no-overlap"] if mode == "serial" else [])],
+                                   check=True, stdout=subprocess.DEVNULL)
+                for mode, got, want in compare(bench, steps):
+                    lines.append(f"| {model} | {rate} | {batch} | "
+                                 f"{'on' if mode == 'overlap' else 'off'} | {got:.1f} | "
+                                 f"{want:.1f} | {(want - got) / got:+.0%} | {load} |")
     return lines
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpidp.sim.measured", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m mpidp.sim.measured", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="200mbit 1gbit 10gbit")
-    p.add_argument("--batches", default="512 2048")
+    p.add_argument("--models", default="mlp gpt", help="the trainers: mlp, gpt or both")
+    p.add_argument("--mlp-batches", default="512 2048", help="the MLP's local batches")
+    p.add_argument("--gpt-batches", default="12 48", help="the GPT's local batches")
     p.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     args = p.parse_args(argv)
     try:
         rates = args.rates.split()
         for r in rates:
             gbit(r)
-        batches = [int(b) for b in args.batches.split()]
+        batches = {"mlp": args.mlp_batches, "gpt": args.gpt_batches}
+        models = {}
+        for m in args.models.split():
+            if m not in batches:
+                raise ValueError(f"--models: mlp or gpt, not {m!r}")
+            models[m] = [int(b) for b in batches[m].split()]
+            if not models[m] or min(models[m]) < 1:
+                raise ValueError(f"--{m}-batches: positive integers, not {batches[m]!r}")
     except ValueError as e:
         p.error(str(e))
     with tempfile.TemporaryDirectory() as where:
-        print("\n".join(run(rates, batches, args.out or where)))
+        print("\n".join(run(models, rates, args.out or where)))
     return 0
 
 
