@@ -8,7 +8,7 @@ which waits for the rank that left. So each rank, as its program ends, sends
 its exit status to every other rank, on a communicator of its own, then waits
 for theirs, as ``MPI_Finalize`` would wait for them anyway (and no message is
 left over for it). A rank whose deadline comes asks `Farewell.left`, which never
-blocks, and `watchdog.abort` adds the answer to its line::
+blocks, and `endjob.abort` adds the answer to its line::
 
     mpidp: rank 2 of 4: script.py failed: TimeoutError: ...; rank 1 had already left
     (its program ended with status 0); aborting the job

@@ -21,8 +21,8 @@ one JSON file, ``flight-rank-<world rank>.json`` in ``MPIDP_FLIGHT_DIR`` (defaul
 ``mpidp-flight`` in the working folder), atomically, through `mpidp.files` (a
 temporary file of its own, then a rename; a link planted at the record's name is
 replaced, never followed), and never waits for another rank. It is called on demand, by
-`watchdog.abort` (a deadline passed, or the program raised under ``python -m
-mpidp``; the abort then waits `watchdog.FLIGHT_MARGIN_S` so that the other
+`endjob.abort` (a deadline passed, or the program raised under ``python -m
+mpidp``; the abort then waits `endjob.FLIGHT_MARGIN_S` so that the other
 ranks write theirs), and on ``SIGUSR1`` (`install`): Python runs signal handlers
 only when the main thread returns from MPI, so the signal's C handler wakes a
 thread through ``signal.set_wakeup_fd``, and that thread dumps while the program
@@ -240,7 +240,7 @@ def _theirs(path: str, job: str | None, pid: int) -> bool:
 # ------------------------------------------------------------ SIGUSR1
 
 _installed = False
-ending = False  # set by watchdog.abort: a SIGUSR1 then changes nothing
+ending = False  # set by endjob.abort: a SIGUSR1 then changes nothing
 
 
 def install() -> bool:

@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidp
-from mpidp import flight, recorder
+from mpidp import endjob, flight, recorder
 from mpidp.collectives.state import state
 
 
@@ -129,7 +129,6 @@ def test_the_call_site_is_the_programs_line_whichever_way_the_call_came():
 def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, monkeypatch):
     """The traceback goes to stderr through the launcher, which may be slow or gone: the
     record is written first."""
-    from mpidp import watchdog
 
     class Aborted(BaseException):
         pass
@@ -140,16 +139,16 @@ def test_a_failing_programs_record_is_written_before_its_traceback(tmp_path, mon
     monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
     for name, value in (("abort", abort), ("_exit_later", lambda code: None),
                         ("_dumped", None), ("_raised", None)):
-        monkeypatch.setattr(watchdog, name, value)
+        monkeypatch.setattr(endjob, name, value)
     monkeypatch.setattr(flight, "ending", False)
     monkeypatch.setattr(flight, "ask_peers", lambda: None)
     printed = []
-    monkeypatch.setattr(watchdog.traceback, "print_exception",
+    monkeypatch.setattr(endjob.traceback, "print_exception",
                         lambda *a: printed.append(sorted(os.listdir(tmp_path))))
     with pytest.raises(Aborted, match="prog.py failed: RuntimeError: x"):
-        watchdog._end_job(RuntimeError("x"), "prog.py", None)
+        endjob.end_job(RuntimeError("x"), "prog.py", None)
     assert printed == [["flight-rank-0.json"]]
-    assert watchdog._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other
+    assert endjob._dumped == str(tmp_path / "flight-rank-0.json")  # abort writes no other
 
 
 def test_mpidp_flight_has_an_upper_bound_checked_before_the_first_collective(monkeypatch):

@@ -96,7 +96,7 @@ QUERY = SimpleNamespace(collective="placement query (Split_type)", description={
 @contextmanager
 def _deadline(recorder):
     """The query's deadline: MPI's Split_type, allreduce and allgather block, and nothing
-    interrupts them, so at ``MPIDP_TIMEOUT`` a timer ends the job as `watchdog.abort`
+    interrupts them, so at ``MPIDP_TIMEOUT`` a timer ends the job as `endjob.abort`
     does (one line, this rank's flight record, MPI_Abort; exit code 124). The query is an
     entry of the communicator's flight record meanwhile (no number in its sequence)."""
     entry = None
