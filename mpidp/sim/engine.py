@@ -17,7 +17,8 @@ generators, and plays MPI's part, step by step:
   run stops with a `ScheduleError` that lists each blocked rank, its round and what
   it waits for. A matched pair that differs in size or dtype, a round that receives
   into memory it also sends from (or receives twice into the same memory), a
-  buffer that is not a contiguous NumPy array and a peer out of range are errors too.
+  buffer that is not a contiguous NumPy array and a peer out of range are errors too
+  (their messages: `roundcheck.py`).
 - Counters: bytes and messages sent and received per rank and per directed link,
   rounds per rank, reduced items per rank (through `Sim.op`), and steps.
 """
@@ -25,7 +26,6 @@ generators, and plays MPI's part, step by step:
 from __future__ import annotations
 
 import gc
-from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -33,22 +33,10 @@ import numpy as np
 from mpidp.collectives.algorithms.ops import Wrapper
 from mpidp.collectives.algorithms.rounds import Group, Recv, Send
 
-from . import deadline
+from . import deadline, roundcheck
 from .reports import ScheduleError, deadlock, describe, locate
 
 TIMEOUT = 10.0  # seconds a resume may run by default: far more than any real one takes
-
-
-def _owner(buf: np.ndarray):
-    """What owns `buf`'s memory (NumPy points every view's base at it): two views can
-    overlap only if theirs is the same."""
-    return buf if buf.base is None else buf.base
-
-
-def _short(x) -> str:
-    """repr(x), cut to a line."""
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 SimComm = Group  # what an algorithm sees of its communicator: Get_rank() and Get_size()
@@ -184,7 +172,7 @@ class Sim:
             for r, round_ in posted:
                 if round_.__class__ is not list and not isinstance(round_, list):
                     raise ScheduleError(f"step {step}: rank {r}, round {rounds[r]}: a round is "
-                                        f"a list of Send and Recv, got {_short(round_)}")
+                                        f"a list of Send and Recv, got {roundcheck.short(round_)}")
                 rounds[r] += 1
                 if timer is not None:
                     timer.post(r)
@@ -193,14 +181,15 @@ class Sim:
                     kind = m.__class__
                     if kind is not Send and kind is not Recv:
                         raise ScheduleError(f"step {step}: rank {r}, round {rounds[r] - 1}: a "
-                                            f"round holds Send and Recv only, not {_short(m)}")
+                                            "round holds Send and Recv only, not "
+                                            f"{roundcheck.short(m)}")
                     peer, buf = m.peer, m.buf
                     if peer.__class__ is not int and not isinstance(peer, np.integer) or \
                             not 0 <= peer < N:
                         raise ScheduleError(f"step {step}: rank {r}, round {rounds[r] - 1}: "
                                             f"peer {peer!r} is not a rank of {N}")
                     if buf.__class__ is not ndarray or not buf.flags.c_contiguous:
-                        self._bad_buffer(step, r, m)
+                        roundcheck.bad_buffer(self, step, r, m)
                     key = r * N + peer if kind is Send else peer * N + r  # src * N + dst
                     queue = waiting.get(key)
                     if queue is None:
@@ -242,9 +231,9 @@ class Sim:
                     if (x if xb is None else xb) is (y if yb is None else yb) and \
                             (a.__class__ is Recv or b.__class__ is Recv) and x.size and \
                             y.size and np.shares_memory(x, y):
-                        self._overlap(step, r, a, b)
+                        roundcheck.overlap(self, step, r, a, b)
                 elif n > 2:
-                    self._check_round(step, r, round_)
+                    roundcheck.check_round(self, step, r, round_)
                 if pending[r] == 0:
                     complete.append(r)
             if timer is not None:
@@ -267,57 +256,10 @@ class Sim:
         return (f"step {step}: {where}: the algorithm ran for more than {self.timeout:g} s "
                 "without yielding (an endless loop? a round is yielded as a list of Send/Recv)")
 
-    def _bad_buffer(self, step: int, rank: int, m) -> None:
-        buf = m.buf
-        what = (f"a {type(buf).__name__}, not a NumPy array" if type(buf) is not np.ndarray
-                else f"not contiguous (strides {buf.strides})")
-        raise ScheduleError(f"step {step}: rank {rank}, round {self.rounds[rank] - 1}: the "
-                            f"{type(m).__name__}'s buffer is {what}; message buffers must be "
-                            "contiguous NumPy arrays")
-
     @property
     def links(self) -> dict[tuple[int, int], int]:
         """Bytes per directed link: {(src, dst): bytes}."""
         return {divmod(k, self.size): v for k, v in sorted(self._links.items())}
-
-    def _check_round(self, step: int, rank: int, round_) -> None:
-        """No receive of a round may write memory that another message of it reads or writes.
-
-        Only views of one array can overlap: the messages are grouped by the array that
-        owns their memory, and only a group with a receive and another message is looked at.
-        (Two messages: `_run` checks them itself, with NumPy.)
-        """
-        groups: dict[int, list] = {}
-        for m in round_:
-            if m.buf.size:
-                groups.setdefault(id(_owner(m.buf)), []).append(m)
-        for group in groups.values():
-            if len(group) > 1 and any(type(m) is Recv for m in group):
-                self._check_spans(step, rank, group)
-
-    def _check_spans(self, step: int, rank: int, group: list) -> None:
-        """The sweep of `_check_round` over messages in one array: receives sorted by address."""
-        spans = []
-        for m in group:
-            lo = m.buf.__array_interface__["data"][0]
-            spans.append((lo, lo + m.buf.nbytes, m))
-        writes = sorted((s for s in spans if type(s[2]) is Recv), key=lambda s: s[0])
-        for x, y in zip(writes, writes[1:], strict=False):
-            if y[0] < x[1]:
-                self._overlap(step, rank, x[2], y[2])
-        starts = [s[0] for s in writes]
-        for lo, hi, m in spans:
-            if type(m) is Send:
-                i = bisect_right(starts, hi - 1) - 1  # the last write starting below hi
-                if i >= 0 and writes[i][1] > lo:
-                    self._overlap(step, rank, m, writes[i][2])
-
-    def _overlap(self, step: int, rank: int, a, b):
-        raise ScheduleError(
-            f"step {step}: rank {rank}, round {self.rounds[rank] - 1}: {type(a).__name__} "
-            f"{self._what(rank, a.buf)} (peer {a.peer}) and {type(b).__name__} "
-            f"{self._what(rank, b.buf)} (peer {b.peer}) use the same memory: a round must not "
-            "write into memory that another of its messages reads or writes")
 
     # ------------------------------------------------------------------ reports
 
