@@ -99,3 +99,10 @@ def test_the_simulator_stands_below_the_benchmarks():
     inner = {module_name(p): t for p in sorted((ROOT / "sim").rglob("*.py"))
              for t, _, _ in imported(p) if t.split(".")[:2] == ["mpidp", "bench"]}
     assert not {m: w for m, w in up.items() if w} and not inner, (up, inner)
+
+
+def test_no_module_of_mpidp_is_over_300_lines():
+    """Short modules (DESIGN.md's house style): split by concept before one passes 300."""
+    long = {module_name(p): n for p in sorted(ROOT.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) >= 300}
+    assert not long, long
