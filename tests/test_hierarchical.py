@@ -26,7 +26,7 @@ def test_the_hierarchical_cost_formula_is_what_the_simulator_measures(H, L):
     formula of hierarchical.py, with its rounds across hosts) are the simulated critical
     path and busiest rank's, exactly (unequal hosts: the next test)."""
     hosts, N = placement.layout(H * L, ppn=L), H * L
-    count = 2 * N * H * 16  # whole pieces and blocks at every level
+    count = 2 * N * H * 16  # whole slices and blocks at every level
     s = simulate("allreduce", "hierarchical", N, count, dtype="int64", placement=hosts).sim
     G = count * 8
     unit = {"rounds": cost.Model(1, 0, 0), "bytes": cost.Model(0, 1, 0),
@@ -43,12 +43,12 @@ def test_the_hierarchical_cost_formula_is_what_the_simulator_measures(H, L):
                                    (4, 3, 2), (1, 2, 3, 1)])
 def test_the_cost_formula_holds_on_unequal_hosts(sizes):
     """Hosts of unequal sizes (ranks host by host): a rank of a smaller host holds several
-    pieces and runs one ring across hosts for each, so the cost's rounds, bytes sent and
+    slices and runs one ring across hosts for each, so the cost's rounds, bytes sent and
     bytes reduced are the simulated critical path's and busiest rank's (3 + 2 ranks: 8
     steps), not the largest host's alone."""
     hosts = tuple(h for h, L in enumerate(sizes) for _ in range(L))
     N, H, P = len(hosts), len(sizes), max(sizes)
-    count = 2 * N * H * 16 * math.lcm(*range(1, P + 1))  # whole pieces and blocks everywhere
+    count = 2 * N * H * 16 * math.lcm(*range(1, P + 1))  # whole slices and blocks everywhere
     s = simulate("allreduce", "hierarchical", N, count, dtype="int64", placement=hosts).sim
     G = count * 8
     unit = {"rounds": cost.Model(1, 0, 0), "bytes": cost.Model(0, 1, 0),

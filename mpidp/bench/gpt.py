@@ -17,7 +17,7 @@ Per mode: the slowest rank's median step, the median backward and exposed
 communication, and tokens/s = ranks x local batch x context / step. Then
 hidden = (b) - (c), hidden fraction = hidden / ((b) - (a)), and efficiency =
 hidden / hideable, hideable = min(serial's exposed communication, compute's
-backward): what overlap could hide at best (issue 25's definition). ``--memory``
+backward): what overlap could hide at best (as `bench overlap` defines it). ``--memory``
 adds the model states per rank under ZeRO stages 0, 1, 2 after one step
 (`training.memory`, measured from the arrays, beside the formula), ``--trace``
 a Chrome trace of one overlapped step (after the warm-up steps).

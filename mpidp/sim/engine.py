@@ -123,7 +123,7 @@ class Sim:
         watch = deadline.start(gens, self.timeout)
         collecting = gc.isenabled()
         gc.disable()  # the rounds are garbage at once, freed by their counts: the cyclic
-        try:  # collector would only walk the N generators again and again (20% of a ring)
+        try:  # collector would only walk the N generators again and again
             self._run(gens, watch)
         except deadline.Overran:  # it landed just after the resume returned
             raise ScheduleError(self._overran(*(watch.seen or (0, -1)))) from None

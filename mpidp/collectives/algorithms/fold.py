@@ -114,9 +114,9 @@ class VirtualBlocks(NamedTuple):
 
     def runs(self, buf, lo: int, hi: int) -> list:
         """Virtual blocks lo..hi-1 of `buf` as views, neighbours that touch in memory merged."""
-        return self.pieces(buf, range(lo, hi))
+        return self.views(buf, range(lo, hi))
 
-    def pieces(self, buf, vblocks) -> list:
+    def views(self, buf, vblocks) -> list:
         """The virtual blocks `vblocks` (ascending) of `buf` as views, those that touch merged."""
         views, start, end = [], None, None
         for i in (i for v in vblocks for i in range(self.edge(v), self.edge(v + 1))):

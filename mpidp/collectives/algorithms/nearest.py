@@ -48,13 +48,13 @@ def placed_halving(rank: int, q: int, buf, blocks: VirtualBlocks, op: Op, tmp, s
         partner = rank ^ mask
         send = [b for b in mine if owner[b] & mask != rank & mask]  # they end on its side
         mine = [b for b in mine if owner[b] & mask == rank & mask]
-        kept, at, recv = blocks.pieces(buf, mine), 0, []
+        kept, at, recv = blocks.views(buf, mine), 0, []
         for view in kept:  # the partner's copies of them, one after the other in tmp
             recv.append(tmp[at : at + view.size])
             at += view.size
-        yield ([Send(v, partner) for v in blocks.pieces(src, send)]
+        yield ([Send(v, partner) for v in blocks.views(src, send)]
                + [Recv(t, partner) for t in recv])
-        for acc, t, mine_src in zip(kept, recv, blocks.pieces(src, mine), strict=True):
+        for acc, t, mine_src in zip(kept, recv, blocks.views(src, mine), strict=True):
             op(acc, t, mine_src)  # my blocks += the partner's copies of them
         src = buf  # from the second step on, everything I send or add is in buf
 
@@ -68,8 +68,8 @@ def placed_doubling(rank: int, q: int, buf, blocks: VirtualBlocks, order: tuple,
     for mask in reversed(order):
         partner = rank ^ mask
         theirs = sorted(block_of[owner[b] ^ mask] for b in mine)  # as many, mirrored
-        yield ([Send(v, partner) for v in blocks.pieces(buf, mine)]
-               + [Recv(v, partner) for v in blocks.pieces(buf, theirs)])
+        yield ([Send(v, partner) for v in blocks.views(buf, mine)]
+               + [Recv(v, partner) for v in blocks.views(buf, theirs)])
         mine = sorted(mine + theirs)
 
 
