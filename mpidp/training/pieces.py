@@ -15,7 +15,7 @@ the moment it is written, while the next slice is computed:
 A piece's size trades the link's idle time against each reduction's fixed cost: the
 cost model (`piece_bytes`) picks the smallest size whose per-call overhead (rounds
 × α + fixed) is at most a tenth of its byte time. Each piece is a persistent
-all-reduce planned once, like a whole bucket's. `plan` decides where pieces are cut
+all-reduce planned once, like a whole bucket's. `cut` decides where pieces are cut
 (``piece_mb="auto"``: only where the ranks span hosts, docs/overlap.md says why),
 `reduction` makes one backward's `Reduction` of a bucket from them.
 """
@@ -85,8 +85,8 @@ class Piece:
         return self.plan.request
 
 
-def plan(model, comm, buckets, piece_mb, algorithm, overlap: bool) -> tuple[dict | None, dict,
-                                                                          bool]:
+def cut(model, comm, buckets, piece_mb, algorithm, overlap: bool) -> tuple[dict | None, dict,
+                                                                         bool]:
     """(unit -> W's row stops or None, bucket index -> its pieces, whether comm spans hosts).
 
     ``piece_mb="auto"`` asks where the ranks run (a collective query) and cuts only

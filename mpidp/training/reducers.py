@@ -49,7 +49,7 @@ class AllReduce:
     """Stage 0: every bucket all-reduced (persistent, planned once); every rank steps alike.
 
     Where the model's backward can be cut by rows, buckets may go in pieces
-    (`pieces.plan`): ``row_stops`` (unit -> W's row stops) and ``pieces`` (bucket
+    (`pieces.cut`): ``row_stops`` (unit -> W's row stops) and ``pieces`` (bucket
     index -> its pieces); ``across``: the ranks span hosts (``piece_mb="auto"`` asked).
     """
 
@@ -69,7 +69,7 @@ class AllReduce:
         self.algorithm, self.deterministic = algorithm, deterministic
         self.row_stops, self.pieces, self.across = None, {}, False
         if not deterministic:  # a cut product may round differently: never in this mode
-            self.row_stops, self.pieces, self.across = pieces.plan(
+            self.row_stops, self.pieces, self.across = pieces.cut(
                 model, comm, buckets, piece_mb, algorithm, overlap)
         for b in buckets:  # planned once: each step only starts them
             # (deterministic: the exact sum of a step's parts, planned at each launch;
