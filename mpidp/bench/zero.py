@@ -13,7 +13,8 @@ the arrays: `training.memory`), the formula's figure, and the peak of the last
 step: those states plus tracemalloc's peak of what the step allocates. A row
 holds the largest rank's figures (shards differ by one item at most).
 
-``--timing`` also times steps of a larger model (``--hidden``) under stage 0,
+``--timing`` also times steps of a larger model (``--hidden``, blocks of steps taking
+turns, `ROUNDS` times) under stage 0,
 stage 2 with the parameters' all-gather completed in ``step()`` or left to
 overlap the next forward (``prefetch=True``), and stage 3 without and with
 prefetch (the next unit's all-gather in flight while one computes): the slowest
@@ -91,27 +92,46 @@ def measure(comm, zero: int, kind: str, args) -> dict:
             "P": P, **dict(zip(keys, (int(v) for v in mine), strict=True))}
 
 
+ROUNDS = 3  # --timing: the configurations take turns this many times
+
+
 def timing(comm, args) -> list[dict]:
-    """Median step (the slowest rank's) of Adam at stage 0, 2 and 3, without and with prefetch."""
+    """Median step (the slowest rank's) of Adam at stage 0, 2 and 3, without and with prefetch.
+
+    The five take turns, a block of steps each, `ROUNDS` times (a load that comes and goes
+    hits all alike); not step by step, since stage 2's prefetched all-gather runs on into
+    the next step, which another configuration's messages must not share."""
     sizes = [256, *[int(h) for h in args.hidden.split(",") if h], 10]
     x, y = batch(comm, sizes, args.batch)
-    rows = []
-    for zero, prefetch in ((0, False), (2, False), (2, True), (3, False), (3, True)):
+    configs = ((0, False), (2, False), (2, True), (3, False), (3, True))
+    ddps = []
+    for zero, prefetch in configs:
         model = MLP(sizes, dtype="float32", seed=0)
         extra = {"prefetch": prefetch} if zero else {}
-        with DataParallel(model, comm, bucket_mb=0, zero=zero,
-                          optimizer=Adam(model.params, model.grads), **extra) as ddp:
-            times, exposed = [], []
-            for _ in range(args.timed_steps + 3):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
-                ddp.step()
-                times.append(time.perf_counter() - t0)
-                exposed.append(ddp.timings["exposed_comm"])
-            if zero:
-                ddp.wait_params()
-        steps = np.array([times[3:], exposed[3:]])
+        ddps.append(DataParallel(model, comm, bucket_mb=0, zero=zero,
+                                 optimizer=Adam(model.params, model.grads), **extra))
+    times = [[] for _ in configs]
+    exposed = [[] for _ in configs]
+    per_round = -(-args.timed_steps // ROUNDS)
+    try:
+        for _ in range(ROUNDS):
+            for ddp, t, e in zip(ddps, times, exposed, strict=True):
+                for i in range(1 + per_round):  # the first of each block not kept
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    ddp.backward(softmax_cross_entropy(ddp.forward(x), y)[1])
+                    ddp.step()
+                    if i:
+                        t.append(time.perf_counter() - t0)
+                        e.append(ddp.timings["exposed_comm"])
+                if ddp.zero:
+                    ddp.wait_params()  # the block's last all-gather, before the next's messages
+    finally:
+        for ddp in ddps:
+            ddp.close()
+    rows = []
+    for (zero, prefetch), t, e in zip(configs, times, exposed, strict=True):
+        steps = np.array([t, e])
         mp.allreduce(comm, mp.IN_PLACE, steps, op="max")
         rows.append({"ranks": comm.Get_size(), "sizes": sizes, "zero": zero,
                      "prefetch": prefetch, "step_ms": 1e3 * float(np.median(steps[0])),
