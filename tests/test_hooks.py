@@ -16,6 +16,8 @@ from threadpoolctl import threadpool_limits
 
 import mpidp
 from mpidp.collectives import CountingComm
+from mpidp.sim import hookstep
+from mpidp.sim.step import Net
 from mpidp.training import MLP, DataParallel, hooks
 from mpidp.training.compress import Compress16, from_bf16, from_fp16, to_bf16, to_fp16
 from mpidp.training.gradbucket import GradBucket
@@ -174,6 +176,7 @@ def compressed_average_and_bytes(comm, fmt):
     g = 4 * 120
     assert sent[None] == 2 * g * (n - 1) // n  # the ring's, as test_ring counts it
     assert sent[fmt] == g * (n - 1) // n == sent[None] // 2, (fmt, rank, sent)
+    assert hookstep.compressed16(g, n, 0, Net(), 0.0).sent == sent[fmt]  # the cost model's
 
 
 def powersgd_full_rank_is_exact_and_its_bytes_are_m_plus_n_times_r(comm):
@@ -195,6 +198,8 @@ def powersgd_full_rank_is_exact_and_its_bytes_are_m_plus_n_times_r(comm):
     r = 1
     items = (12 + 6) * r + (6 + 6) * r + 6 + 6  # W1, W2 as (m + n)·r; b1, b2 whole
     assert counter.bytes_sent == 2 * 4 * items * (n - 1) // n  # two ring all-reduces
+    modelled = hookstep.powersgd(((12 + 6) * r + 12, 12 * r), 4, "ring", n, 0, Net(), {}, 0.0)
+    assert modelled.sent == counter.bytes_sent  # the cost model's (sim step --comm-hook)
 
 
 def feedback_sums(comm, hook, true, steps):

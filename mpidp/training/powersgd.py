@@ -33,13 +33,11 @@ from .gradbucket import GradBucket, Steps
 class _State:
     """One bucket's PowerSGD: which gradients are factored, the buffers, the plans."""
 
-    def __init__(self, comm, bucket: GradBucket, rank: int, min_size: int, seed: int,
-                 error_feedback: bool):
+    def __init__(self, comm, bucket: GradBucket, width, seed: int, error_feedback: bool):
         self.factored, self.whole = [], []  # (k, m, n, r) / k
         for k, (_, _, shape) in enumerate(bucket.params):
-            if len(shape) == 2 and shape[0] * shape[1] >= min_size and min(shape) > 1:
-                m, n = shape
-                self.factored.append((k, m, n, min(rank, m, n)))
+            if width(shape):
+                self.factored.append((k, *shape, width(shape)))
             else:
                 self.whole.append(k)
         dtype = bucket.buffer.dtype
@@ -86,10 +84,17 @@ class PowerSGD:
             rank, min_size, error_feedback, seed)
         self.states: dict[int, _State] = {}
 
+    def width(self, shape: tuple) -> int:
+        """r for a gradient of this shape: min(rank, m, n) for an m x n matrix of at least
+        ``min_size`` items (m, n > 1); 0: it travels whole."""
+        if len(shape) != 2 or shape[0] * shape[1] < self.min_size or min(shape) < 2:
+            return 0
+        return min(self.rank, *shape)
+
     def __call__(self, comm, bucket: GradBucket) -> Steps:
         if bucket.index not in self.states:  # the first launch: the same order on every rank
-            self.states[bucket.index] = _State(comm, bucket, self.rank, self.min_size,
-                                               self.seed, self.error_feedback)
+            self.states[bucket.index] = _State(comm, bucket, self.width, self.seed,
+                                               self.error_feedback)
         return Steps(self.steps(comm, bucket, self.states[bucket.index]))
 
     def steps(self, comm, bucket: GradBucket, s: _State):
