@@ -91,6 +91,8 @@ def test_zero_3_trains_as_zero_0_and_its_checkpoint_resumes_at_zero_0(tmp_path, 
     (["--comm-hook", "fp16", "--dtype", "float32", "--zero", "1"], "--comm-hook with --zero"),
     (["--comm-hook", "powersgd:2", "--deterministic"], "--comm-hook with --deterministic"),
     (["--comm-hook", "bf16"], "--comm-hook bf16 compresses float32 gradients, not float64"),
+    (["--comm-hook", "powersgd:2", "--checkpoint", "c.npz", "--resume"],
+     "a checkpoint does not hold PowerSGD's state"),
 ])
 def test_bad_flags_exit_2_in_one_line(argv, says, capsys):
     code, _, err = run(argv, capsys)
@@ -106,6 +108,12 @@ def test_comm_hook_reaches_the_buckets(tmp_path, capsys):
         assert run(argv, capsys)[0] == 0
         rows[hook] = [json.loads(line)["loss"] for line in m.read_text().splitlines()]
     assert rows["none"][0] == rows["bf16"][0] and rows["none"][-1] != rows["bf16"][-1]
+    ck, f32 = tmp_path / "ck.npz", ["--dtype", "float32"]
+    first = ["--max-steps", "2", *f32, "--comm-hook", "bf16", "--checkpoint", ck]
+    assert run(first, capsys)[0] == 0
+    for hook, code in (("fp16", 2), ("bf16", 0)):  # the checkpoint records its hook
+        argv = ["--max-steps", "3", *f32, "--comm-hook", hook, "--checkpoint", ck, "--resume"]
+        assert run(argv, capsys)[0] == code, hook
 
 
 def test_an_existing_checkpoint_needs_resume_or_overwrite(tmp_path, capsys):

@@ -87,6 +87,16 @@ def refused(hook, zero: int, deterministic: bool, dtypes, device: bool,
     return None
 
 
+def args_refused(args) -> str | None:
+    """Why the trainer's ``--comm-hook`` cannot run with its other flags (None: it can).
+    PowerSGD's state (its Q, its residuals) is not in a checkpoint: no ``--resume``."""
+    hook = parse(args.comm_hook)
+    if isinstance(hook, PowerSGD) and args.resume:
+        return (f"--comm-hook {args.comm_hook} with --resume: a checkpoint does not hold "
+                "PowerSGD's state (its Q and residuals), the run would not continue")
+    return refused(hook, args.zero, args.deterministic, [args.dtype], args.device == "gpu")
+
+
 def check(comm_hook, zero: int, deterministic: bool, model):
     """The hook DataParallel uses (a name parsed), or None; ValueError where it cannot run."""
     hook = parse(comm_hook) if isinstance(comm_hook, str) else comm_hook

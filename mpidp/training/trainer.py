@@ -156,8 +156,7 @@ def checked(p: cli.Parser, argv=None) -> argparse.Namespace:
     if args.zero and args.algorithm not in HALVES:
         p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
                 f"one of {', '.join(HALVES)}")
-    if why := hooks.refused(hooks.parse(args.comm_hook), args.zero, args.deterministic,
-                            [args.dtype], args.device == "gpu"):
+    if why := hooks.args_refused(args):
         p.error(why)
     if args.micro_batch is not None and not args.deterministic:
         p.error("--micro-batch is --deterministic's micro-shard size: pass --deterministic")
