@@ -78,7 +78,8 @@ def test_bad_names_are_refused_naming_the_value(text):
 
 
 @pytest.mark.parametrize("kw, says", [({"zero": 1}, "zero"), ({"deterministic": True},
-                                                               "deterministic")])
+                                                               "deterministic"),
+                                      ({"progress_thread": "poll"}, "progress_thread")])
 def test_zero_and_deterministic_are_refused_before_any_message(kw, says):
     model = MLP(SIZES, dtype="float32")
     opt = mpidp.training.SGD(model.params, model.grads, 0.1)

@@ -91,6 +91,7 @@ def test_zero_3_trains_as_zero_0_and_its_checkpoint_resumes_at_zero_0(tmp_path, 
     (["--comm-hook", "fp16", "--dtype", "float32", "--zero", "1"], "--comm-hook with --zero"),
     (["--comm-hook", "powersgd:2", "--deterministic"], "--comm-hook with --deterministic"),
     (["--comm-hook", "bf16"], "--comm-hook bf16 compresses float32 gradients, not float64"),
+    (["--comm-hook", "bf16", "--progress-thread"], "--comm-hook with --progress-thread"),
     (["--comm-hook", "powersgd:2", "--checkpoint", "c.npz", "--resume"],
      "a checkpoint does not hold PowerSGD's state"),
 ])

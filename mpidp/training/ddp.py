@@ -130,7 +130,7 @@ class DataParallel:
                  piece_mb: float | str | None = "auto", comm_hook=None):
         reducer, algorithm, thread = checked(model, zero, optimizer, algorithm, prefetch,
                                              deterministic, progress_thread, piece_mb)
-        hook = hooks.check(comm_hook, zero, deterministic, model)
+        hook = hooks.check(comm_hook, zero, deterministic, model, thread)
         names = algorithm.values() if isinstance(algorithm, dict) else [algorithm]
         self._dup = mp.duplicate(comm, with_model="auto" in names)
         self.comm = comm if self._dup is None else self._dup

@@ -22,8 +22,10 @@ the trainers' ``--comm-hook``): `compress.Compress16` (``fp16``, ``bf16``) and
 `powersgd.PowerSGD` (``powersgd:R``).
 
 Refused: ZeRO (its reduce-scatter is the reducer's), ``deterministic=True`` (a rounded
-gradient is not the exact sum's), GPU arrays (the words are NumPy's), and for fp16/bf16
-any gradient dtype but float32.
+gradient is not the exact sum's), a progress thread (a hook's later steps start
+collectives from the thread that tests it), GPU arrays (the words are NumPy's), for
+fp16/bf16 any gradient dtype but float32, and in the trainers PowerSGD with ``--resume``
+(a checkpoint holds no hook state). A hook reduces whole buckets (no ``piece_mb``).
 """
 
 from __future__ import annotations
@@ -63,12 +65,13 @@ def flag(text: str) -> str:
     return text
 
 
-FLAGS = {"hook": "--comm-hook", "zero": "--zero", "det": "--deterministic", "cpu": "--device cpu"}
+FLAGS = {"hook": "--comm-hook", "zero": "--zero", "det": "--deterministic", "cpu": "--device cpu",
+         "thread": "--progress-thread"}
 ARGUMENTS = {"hook": "comm_hook", "zero": "zero >= 1", "det": "deterministic=True",
-             "cpu": "NumPy arrays"}
+             "cpu": "NumPy arrays", "thread": "progress_thread"}
 
 
-def refused(hook, zero: int, deterministic: bool, dtypes, device: bool,
+def refused(hook, zero: int, deterministic: bool, dtypes, device: bool, thread: bool = False,
             words: dict = FLAGS) -> str | None:
     """Why `hook` cannot run with these settings (None: it can), in `words` (the flags'
     or `ARGUMENTS`, DataParallel's)."""
@@ -79,6 +82,8 @@ def refused(hook, zero: int, deterministic: bool, dtypes, device: bool,
         return f"{w['hook']} with {w['zero']}: ZeRO's reduce-scatter is the reducer's, not a hook's"
     if deterministic:
         return f"{w['hook']} with {w['det']}: a compressed gradient is not the exact sum's"
+    if thread:  # a hook's later steps start collectives from whichever thread tests it
+        return f"{w['hook']} with {w['thread']}: a hook's steps start collectives on one thread"
     if device:
         return f"{w['hook']} needs NumPy gradients ({w['cpu']}): its words are NumPy arrays"
     bad = sorted({str(np.dtype(d)) for d in dtypes} - {"float32"})
@@ -94,10 +99,11 @@ def args_refused(args) -> str | None:
     if isinstance(hook, PowerSGD) and args.resume:
         return (f"--comm-hook {args.comm_hook} with --resume: a checkpoint does not hold "
                 "PowerSGD's state (its Q and residuals), the run would not continue")
-    return refused(hook, args.zero, args.deterministic, [args.dtype], args.device == "gpu")
+    return refused(hook, args.zero, args.deterministic, [args.dtype], args.device == "gpu",
+                   bool(args.progress_thread))
 
 
-def check(comm_hook, zero: int, deterministic: bool, model):
+def check(comm_hook, zero: int, deterministic: bool, model, thread=None):
     """The hook DataParallel uses (a name parsed), or None; ValueError where it cannot run."""
     hook = parse(comm_hook) if isinstance(comm_hook, str) else comm_hook
     if hook is None:
@@ -106,7 +112,7 @@ def check(comm_hook, zero: int, deterministic: bool, model):
         raise TypeError(f"comm_hook must be a name ({', '.join(HOOKS)}) or callable, "
                         f"not {type(hook).__name__}")
     why = refused(hook, zero, deterministic, [g.dtype for g in model.grads.values()],
-                  model.xp is not np, ARGUMENTS)
+                  model.xp is not np, thread is not None, ARGUMENTS)
     if why is not None:
         raise ValueError(why)
     return hook
