@@ -143,9 +143,15 @@ def gathered(comm, grads, names):
     return np.stack(comm.allgather(np.concatenate([grads[k].ravel() for k in names])))
 
 
+def plain(comm, bucket):
+    """docs/training.md's example of the protocol: the plain all-reduce as a hook."""
+    return mpidp.iallreduce(comm, mpidp.IN_PLACE, bucket.buffer, op=mpidp.AVG,
+                            algorithm=bucket.algorithm)
+
+
 def none_is_the_plain_ring_all_reduce(comm):
     x, local = local_gradients(comm)
-    for hook in (None, "none"):
+    for hook in (None, "none", plain):
         ddp, got = hooked_backward(comm, x, algorithm="ring", bucket_mb=0, comm_hook=hook)
         for b in ddp.buckets:  # each bucket as mpidp's ring all-reduce averages it, bitwise
             flat = np.concatenate([local[k].ravel() for k in b.names])
