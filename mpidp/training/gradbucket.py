@@ -13,7 +13,9 @@ import numpy as np
 
 from ..collectives import testall
 
-# the hooks' own point-to-point tags, below mpidp's TAG_BASE: HOOK_TAG + 2·bucket + phase
+# the hooks' own point-to-point tags, below mpidp's TAG_BASE: HOOK_TAG + 2·bucket + phase.
+# DataParallel's duplicate of the communicator carries nothing else; a comm-like object
+# used as given must not carry messages of the user's with these tags
 HOOK_TAG, HOOK_TAGS = 0x4000, 0x0400
 
 
