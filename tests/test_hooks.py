@@ -191,6 +191,8 @@ def powersgd_full_rank_is_exact_and_its_bytes_are_m_plus_n_times_r(comm):
     states = list(ddp.reducer.hook.states.values())
     assert [f[0] for s in states for f in s.factored] == [0, 2]  # W2, W1 factored (rank 6)
     np.testing.assert_allclose(ddp.buckets[0].flat, average, rtol=1e-10, atol=1e-12)
+    for other in comm.allgather(ddp.buckets[0].flat):  # and the same bits on every rank
+        np.testing.assert_array_equal(other, ddp.buckets[0].flat)
     ddp.close()
     counter = CountingComm(comm)
     ddp, _ = hooked_backward(counter, x, comm_hook=PowerSGD(1, min_size=36), algorithm="ring")
