@@ -41,7 +41,7 @@ endif
 MPIEXEC := mpiexec $(MPIEXEC_FLAGS)
 
 .PHONY: setup test test-openmpi demo gpt gpt-doc walkthrough lint bench bench-publish dropin \
-        gpu-check zero-table sim-page scale-profile scale-page step-vs-measured overlap-hosts overlap-hosts-doc torch torch-bench clean
+        gpu-check zero-table sim-page scale-profile scale-page step-vs-measured overlap-hosts overlap-hosts-doc torch torch-bench hooks-bench clean
 
 setup: $(STAMP)
 
@@ -131,6 +131,14 @@ torch-bench: $(STAMP)
 	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
 	  $(abspath examples/bench_torch.py) $(TORCH_BIG) \
 	  --json $(abspath $(TORCH_DATA))/hosts2-big.json
+
+# `make hooks-bench` (root, ip, tc; on a quiet machine): issue 37's "does compression pay?":
+# examples/train_gpt.py across 2 emulated hosts at each rate, each --comm-hook and none,
+# medians of 3 runs (step time, held-out loss after the steps), beside sim step's prediction;
+# runs in docs/bench/hooks. A small try: make hooks-bench HOOKS_BENCH="--runs 1 --steps 4"
+HOOKS_BENCH ?= --runs 3 --steps 60
+hooks-bench: $(STAMP)
+	$(PY) -m tools.hooks_bench --predict $(HOOKS_BENCH)
 
 dropin: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(PY) examples/dropin.py

@@ -86,10 +86,35 @@ def test_zero_3_trains_as_zero_0_and_its_checkpoint_resumes_at_zero_0(tmp_path, 
     (["--global-batch", "100000"], "--global-batch"),
     (["--resume"], "--resume needs --checkpoint"),
     (["--zero", "1", "--algorithm", "naive"], "reduce-scatter"),
+    (["--comm-hook", "fp8"], "--comm-hook: 'fp8': expected one of none, fp16, bf16, powersgd:R"),
+    (["--comm-hook", "powersgd:0"], "--comm-hook: 'powersgd:0'"),
+    (["--comm-hook", "fp16", "--dtype", "float32", "--zero", "1"], "--comm-hook with --zero"),
+    (["--comm-hook", "powersgd:2", "--deterministic"], "--comm-hook with --deterministic"),
+    (["--comm-hook", "bf16"], "--comm-hook bf16 compresses float32 gradients, not float64"),
+    (["--comm-hook", "bf16", "--progress-thread"], "--comm-hook with --progress-thread"),
+    (["--comm-hook", "powersgd:2", "--checkpoint", "c.npz", "--resume"],
+     "a checkpoint does not hold PowerSGD's state"),
 ])
 def test_bad_flags_exit_2_in_one_line(argv, says, capsys):
     code, _, err = run(argv, capsys)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_comm_hook_reaches_the_buckets(tmp_path, capsys):
+    """--comm-hook bf16 rounds every gradient (one rank too): its losses leave none's."""
+    rows = {}
+    for hook in ("none", "bf16"):
+        m = tmp_path / f"{hook}.jsonl"
+        argv = ["--max-steps", "3", "--dtype", "float32", "--comm-hook", hook, "--metrics", m]
+        assert run(argv, capsys)[0] == 0
+        rows[hook] = [json.loads(line)["loss"] for line in m.read_text().splitlines()]
+    assert rows["none"][0] == rows["bf16"][0] and rows["none"][-1] != rows["bf16"][-1]
+    ck, f32 = tmp_path / "ck.npz", ["--dtype", "float32"]
+    first = ["--max-steps", "2", *f32, "--comm-hook", "bf16", "--checkpoint", ck]
+    assert run(first, capsys)[0] == 0
+    for hook, code in (("fp16", 2), ("bf16", 0)):  # the checkpoint records its hook
+        argv = ["--max-steps", "3", *f32, "--comm-hook", hook, "--checkpoint", ck, "--resume"]
+        assert run(argv, capsys)[0] == code, hook
 
 
 def test_an_existing_checkpoint_needs_resume_or_overwrite(tmp_path, capsys):

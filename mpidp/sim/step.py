@@ -149,13 +149,15 @@ class Reduction(NamedTuple):
 def predict(units: list[tuple[int, float, float]], reductions: list[Reduction],
             update_s: float, N: int, ppn: int, net: Net, algorithm: str = "auto",
             overlap: bool = True, zero: int = 0, accum: int = 1, cache: dict | None = None,
-            timeline: bool = False) -> dict:
+            timeline: bool = False, cost_of=None) -> dict:
     """The predicted step on N ranks (`ppn` a host; 0 or N: one host).
 
     Args:
         units: (unit, forward s, backward s) of one micro-batch, units 1 .. U.
         reductions: the buckets (or pieces) in launch order.
         update_s: the optimizer's update of all parameters (ZeRO: 1/N of it).
+        cost_of: ``cost_of(k, reduction) -> Cost`` instead of the all-reduce's (a
+            communication hook's, `hookstep.py`).
     """
     cache = {} if cache is None else cache
     ppn = 0 if ppn >= N else ppn
@@ -178,7 +180,8 @@ def predict(units: list[tuple[int, float, float]], reductions: list[Reduction],
         halves = HALVES[algorithm] if algorithm != "auto" else None
         reduce = ("reduce_scatter", halves[0] if halves else "ring")
         gather = ("allgather", halves[1] if halves else "ring")
-    costs = [choose(*reduce, r.nbytes, N, ppn, net, cache) for r in reductions]
+    costs = [choose(*reduce, r.nbytes, N, ppn, net, cache) if cost_of is None else
+             cost_of(k, r) for k, r in enumerate(reductions)]
     ready = [start[r.unit] + r.at * bwd[r.unit] if overlap else backward_end for r in reductions]
     ends, trails = share(ready, costs)
     t = max([backward_end, *ends])

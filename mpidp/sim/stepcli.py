@@ -13,17 +13,19 @@ here first, on this machine.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from mpidp import cli, files
 from mpidp.collectives import ALGORITHMS
-from mpidp.training import outputs
+from mpidp.training import hooks, outputs
 from mpidp.training.buckets import make_buckets
 from mpidp.training.pieces import HIGH, LOW
 from mpidp.training.trainer import piece_mb
 from mpidp.untrusted import InputError
 
+from . import hookstep
 from . import profile as prof
 from .step import Net, Reduction, choose, predict
 
@@ -66,6 +68,9 @@ def parser() -> cli.Parser:
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS["allreduce"])
+    p.add_argument("--comm-hook", type=hookcli, default=["none"], metavar="HOOK,...",
+                   help="a row per hook (" + "|".join(hooks.HOOKS) + "), and the link rate "
+                   "below which each pays (docs/training.md)")
     p.add_argument("--ranks", type=cli.counts, default="2", help="N, e.g. 2,16,16384")
     p.add_argument("--ppn", type=count, default=1, help="ranks per host (dividing N)")
     p.add_argument("--rate", type=cli.number(float, 0, above=True), default=10.0,
@@ -77,6 +82,11 @@ def parser() -> cli.Parser:
     p.add_argument("--json", metavar="FILE", help="write the prediction as JSON here")
     p.add_argument("--draw", metavar="FILE.png", help="draw the predicted step (the last N)")
     return p
+
+
+def hookcli(text: str) -> list[str]:
+    """--comm-hook's argparse type: names, comma-separated, each checked (`hooks.flag`)."""
+    return list(dict.fromkeys(hooks.flag(name) for name in text.split(",")))
 
 
 def profile_parser() -> cli.Parser:
@@ -110,6 +120,9 @@ def checked(args) -> None:
     if args.zero and args.algorithm not in ("auto", "ring", "rabenseifner"):
         raise cli.UsageError(f"--zero {args.zero} runs reduce-scatter + all-gather: "
                              "--algorithm must be one of auto, ring, rabenseifner")
+    for name in args.comm_hook:
+        if why := hooks.refused(hooks.parse(name), args.zero, False, [args.dtype], False):
+            raise cli.UsageError(why)
     problem = outputs.check({"--json": args.json, "--draw": args.draw}, appended=())
     if problem:  # before any work: the trainers' check of their output files
         raise cli.UsageError(problem)
@@ -160,8 +173,8 @@ def piece_size(args, N: int, ppn: int, net: Net, cache: dict) -> int:
     return HIGH if per_byte <= 0 else int(min(HIGH, max(LOW, 10 * overhead / per_byte)))
 
 
-def network(args) -> Net:
-    net = Net(alpha_link=args.latency, beta_link=8 / (args.rate * 1e9))
+def network(args, rate: float | None = None) -> Net:
+    net = Net(alpha_link=args.latency, beta_link=8 / ((rate or args.rate) * 1e9))
     if args.calibration:
         from .predict import read_calibration
 
@@ -186,29 +199,50 @@ def run(args) -> list[dict]:
         batch = min(MEASURED, max(1, args.global_batch // args.ranks[0]))  # then scaled
         found = prof.measure(args.model, shape(args), batch, args.dtype, args.optimizer)
     net, cache, rows = network(args), {}, []
+    hooked = hookstep.hooked(m, args)
     for N in args.ranks:
         batch = args.global_batch / (N * args.accum_steps)
-        row = predict(scaled(found, batch), reductions(m, args, N, net, cache),
-                      found["update_s"], N, args.ppn, net, args.algorithm,
-                      not args.no_overlap, args.zero, args.accum_steps, cache,
+        for name in args.comm_hook:
+            h = hooked[name]
+            row = one(args, m, found, h, N, batch, net, cache,
                       timeline=bool(args.draw) and N == args.ranks[-1])
-        row["samples_per_s"] = args.global_batch / row["step_s"]
-        rows.append(row)
+            if h.hook is not None and N > args.ppn:  # the rate it pays below, other flags kept
+                row["pays"] = hookstep.crossover(lambda rate, h=h, N=N, b=batch: tuple(
+                    one(args, m, found, x, N, b, network(args, rate), cache)["step_s"]
+                    for x in (h, hooked["none"])))
+            rows.append(row)
     return rows
 
 
+def one(args, m, found: dict, h, N: int, batch: float, net: Net, cache: dict,
+        timeline: bool = False) -> dict:
+    """The predicted step on N ranks with hook `h` (a `hookstep.Hooked`)."""
+    whole = vars(args) | {"piece_mb": None}  # a hook reduces whole buckets
+    plan = reductions(m, args if h.hook is None else argparse.Namespace(**whole), N, net, cache)
+    row = predict(scaled(found, batch), plan, found["update_s"], N, args.ppn, net,
+                  args.algorithm, not args.no_overlap, args.zero, args.accum_steps, cache,
+                  timeline=timeline, cost_of=h.cost_of(N, 0 if args.ppn >= N else args.ppn,
+                                                        net, cache))
+    row["samples_per_s"], row["hook"] = args.global_batch / row["step_s"], h.name
+    return row
+
+
 def format_rows(rows: list[dict]) -> str:
-    """The Markdown table of `run`'s rows."""
-    lines = ["| N | hosts × ranks | algorithm | step ms | compute ms | communication ms | "
-             "exposed ms | hidden | bytes per link | samples/s |",
-             "|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|"]
+    """The Markdown table of `run`'s rows (a hook column where a hook was asked), then the
+    rate below which each hook pays."""
+    hooked = any(r["hook"] != "none" for r in rows)
+    lines = ["| N | hosts × ranks | " + "hook | " * hooked + "algorithm | step ms | compute ms | "
+             "communication ms | exposed ms | hidden | bytes per link | samples/s |",
+             "|---:|:---|" + ":---|" * hooked + ":---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        hosts = r["N"] // r["ppn"]
-        lines.append(f"| {r['N']} | {hosts} × {r['ppn']} | {'+'.join(r['algorithms']) or '-'} "
+        hosts, hook = r["N"] // r["ppn"], f" {r['hook']} |" * hooked
+        lines.append(f"| {r['N']} | {hosts} × {r['ppn']} |{hook} "
+                     f"{'+'.join(r['algorithms']) or '-'} "
                      f"| {r['step_s'] * 1e3:.3f} | {r['compute_s'] * 1e3:.3f} | "
                      f"{r['communication_s'] * 1e3:.3f} | {r['exposed_s'] * 1e3:.3f} | "
                      f"{r['hidden']:.0%} | {r['link_bytes'] / 1e6:.3f} MB | "
                      f"{r['samples_per_s']:.0f} |")
+    lines += [f"{r['hook']} on {r['N']} ranks: {r['pays']}" for r in rows if "pays" in r]
     return "\n".join(lines)
 
 

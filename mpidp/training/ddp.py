@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 
 from .. import collectives as mp
-from . import pieces, polling
+from . import hooks, pieces, polling
 from .buckets import Bucket, make_buckets, times, units
 from .determinism import check_reproducible
 from .reducers import STAGES, AllReduce
@@ -115,6 +115,8 @@ class DataParallel:
         piece_mb: reduce each unit's gradient in pieces of this many MiB as backward
             writes them (`pieces.py`: stage 0, a model that cuts rows); ``"auto"``: only
             across hosts; None: whole buckets; `pieces.RowsOnly(mb)`: the cut alone.
+        comm_hook: each bucket's reduction, whole (`hooks.py`: the protocol; a hook, or
+            ``"fp16"``, ``"bf16"``, ``"powersgd:R"``); None: the plain all-reduce.
 
     Attributes: ``buckets``, ``reducer``, ``optimizer`` (ZeRO: the shard's), ``thread`` (or
     None), ``row_stops`` (unit -> W's row stops where backward is cut, or None), ``across``
@@ -125,9 +127,10 @@ class DataParallel:
                  overlap: bool = True, algorithm="auto", progress_thread: bool | str = False,
                  timeout: float | None = None, *, optimizer=None, zero: int = 0,
                  prefetch: bool = False, deterministic: bool = False,
-                 piece_mb: float | str | None = "auto"):
+                 piece_mb: float | str | None = "auto", comm_hook=None):
         reducer, algorithm, thread = checked(model, zero, optimizer, algorithm, prefetch,
                                              deterministic, progress_thread, piece_mb)
+        hook = hooks.check(comm_hook, zero, deterministic, model, thread)
         names = algorithm.values() if isinstance(algorithm, dict) else [algorithm]
         self._dup = mp.duplicate(comm, with_model="auto" in names)
         self.comm = comm if self._dup is None else self._dup
@@ -139,7 +142,7 @@ class DataParallel:
         self.buckets = make_buckets(model, bucket_mb * MiB, min(first_bucket_mb, bucket_mb) * MiB)
         self._bucket_of = {i: b for b in self.buckets for i in b.units}  # completed by unit i
         extra = ({"zero": zero, "prefetch": prefetch, "timeout": timeout} if zero else
-                 {"piece_mb": piece_mb, "overlap": overlap})
+                 {"piece_mb": piece_mb, "overlap": overlap, "hook": hook})
         self.reducer = reducer(model, self.comm, self.buckets, optimizer, algorithm,
                                deterministic=deterministic, **extra)
         self.optimizer = self.reducer.optimizer

@@ -38,7 +38,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import collectives as mp
-from . import pieces
+from . import hooks, pieces
 from .buckets import Bucket, Reduction
 from .determinism import exact, keep_apart
 
@@ -51,6 +51,7 @@ class AllReduce:
     Where the model's backward can be cut by rows, buckets may go in pieces
     (`pieces.cut`): ``row_stops`` (unit -> W's row stops) and ``pieces`` (bucket
     index -> its pieces); ``across``: the ranks span hosts (``piece_mb="auto"`` asked).
+    With a communication hook (`hooks.py`) each bucket's reduction is the hook's, whole.
     """
 
     collective = "allreduce"
@@ -64,10 +65,14 @@ class AllReduce:
         return algorithm
 
     def __init__(self, model, comm, buckets, optimizer, algorithm: str, *,
-                 deterministic: bool = False, piece_mb=None, overlap: bool = True):
+                 deterministic: bool = False, piece_mb=None, overlap: bool = True,
+                 hook=None):
         self.model, self.comm, self.buckets, self.optimizer = model, comm, buckets, optimizer
-        self.algorithm, self.deterministic = algorithm, deterministic
+        self.algorithm, self.deterministic, self.hook = algorithm, deterministic, hook
         self.row_stops, self.pieces, self.across = None, {}, False
+        if hook is not None:  # the hook's reduction replaces the bucket's all-reduce
+            self.hooked = hooks.grad_buckets(model, buckets, algorithm)
+            return
         if not deterministic:  # a cut product may round differently: never in this mode
             self.row_stops, self.pieces, self.across = pieces.cut(
                 model, comm, buckets, piece_mb, algorithm, overlap)
@@ -82,6 +87,8 @@ class AllReduce:
         return micro > 0 and not self.deterministic  # deterministic: each micro-shard apart
 
     def reduction(self, b: Bucket) -> Reduction:
+        if self.hook is not None:
+            return Reduction([lambda: self.hook(self.comm, self.hooked[b.index])])
         if b.index in self.pieces:
             return pieces.reduction(self.pieces[b.index])
         if self.deterministic:
@@ -123,6 +130,8 @@ class AllReduce:
         self.optimizer.load_state_dict(optimizer.state_dict())
 
     def close(self) -> None:
+        if getattr(self.hook, "close", None) is not None:
+            self.hook.close()
         for b in self.buckets:
             if b.plan is not None:
                 b.plan.Free()

@@ -11,7 +11,9 @@ the bits would then differ from the run never interrupted. Going through the fla
   ``--dtype``: the checkpoint's model entries hold them too), the optimizer and its
   hyperparameters (``--optimizer``, ``--lr``, and those of the optimizer chosen:
   ``--momentum``, ``--weight-decay``, ``--beta1``, ``--beta2``, ``--eps``), and how the
-  gradient is summed (``--deterministic``, its ``--micro-batch``);
+  gradient is summed (``--deterministic``, its ``--micro-batch``; ``--comm-hook`` but
+  none: a checkpoint written without one records nothing, and one with PowerSGD is
+  never resumed, its state not being saved);
 - not recorded, free to change: how the same result is computed (the rank count,
   ``--bucket-mb``, ``--first-bucket-mb``, ``--piece-mb``, ``--algorithm``, ``--zero``,
   ``--no-overlap``, ``--progress-thread``, ``--blas-threads``, ``--device``: under
@@ -42,7 +44,8 @@ def settings(args: argparse.Namespace, **own) -> dict:
     module's docstring), and the trainer's `own` (its data and model)."""
     names = ["seed", "global_batch", "accum_steps", "optimizer", "lr", "dtype",
              "deterministic", "micro_batch", *OPTIMIZER_SETTINGS[args.optimizer]]
-    return {**{name: getattr(args, name) for name in names}, **own}
+    hook = {} if getattr(args, "comm_hook", "none") == "none" else {"comm_hook": args.comm_hook}
+    return {**{name: getattr(args, name) for name in names}, **hook, **own}
 
 
 def resume(path: str, model, opt, run: dict, steps_per_epoch: int) -> tuple[int, int, str]:

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .. import cli, config, watchdog
 from ..collectives import ALGORITHMS
-from . import checkpoint, outputs
+from . import checkpoint, hooks, outputs
 from .ddp import DataParallel
 from .determinism import default_micro_batch, micro_shards
 from .optim import OPTIMIZERS, SGD
@@ -108,6 +108,8 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
                    help="reduce each layer's gradient in pieces of this many MiB as backward "
                         "writes them (auto: across hosts only, sized by the cost model; "
                         "none: whole buckets; docs/overlap.md)")
+    p.add_argument("--comm-hook", type=hooks.flag, default="none", metavar="HOOK",
+                   help="what a bucket sends: " + "|".join(hooks.HOOKS) + " (docs/training.md)")
     p.add_argument("--bucket-mb", type=nonnegative, default=bucket_mb,
                    help="0: one bucket per layer")
     p.add_argument("--first-bucket-mb", type=nonnegative, default=1.0,
@@ -154,6 +156,8 @@ def checked(p: cli.Parser, argv=None) -> argparse.Namespace:
     if args.zero and args.algorithm not in HALVES:
         p.error(f"--zero {args.zero} runs reduce-scatter + all-gather: --algorithm must be "
                 f"one of {', '.join(HALVES)}")
+    if why := hooks.args_refused(args):
+        p.error(why)
     if args.micro_batch is not None and not args.deterministic:
         p.error("--micro-batch is --deterministic's micro-shard size: pass --deterministic")
     if args.deterministic:
@@ -202,7 +206,8 @@ def data_parallel(args: argparse.Namespace, model, comm, opt, tracer) -> DataPar
     with --debug, the replicas checked after the broadcast."""
     ddp = DataParallel(model, comm, args.bucket_mb, args.first_bucket_mb, not args.no_overlap,
                        args.algorithm, args.progress_thread or False, zero=args.zero,
-                       optimizer=opt, deterministic=args.deterministic, piece_mb=args.piece_mb)
+                       optimizer=opt, deterministic=args.deterministic, piece_mb=args.piece_mb,
+                       comm_hook=args.comm_hook)
     if args.debug:
         ddp.check_replicas()
     if tracer is not None:
