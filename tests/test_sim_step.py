@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mpidp.collectives.placement import layout
-from mpidp.sim import stepcli
+from mpidp.sim import stepcli, zero3step
 from mpidp.sim import symmetry as sym
 from mpidp.sim.collective import simulate
 from mpidp.sim.predict import Network, Timer
@@ -106,6 +106,52 @@ def test_overlap_hides_what_backward_covers():
     assert on["link_bytes"] == 0 and on["rank_bytes"] == pytest.approx(2 * small.sent)
 
 
+# stage 3: units 1..3 each in a bucket of its own, last first (bucket 0 is unit 3)
+NEEDS, COMPLETES = {1: [2], 2: [1], 3: [0]}, {3: 0, 2: 1, 1: 2}
+
+
+def test_zero3_sends_three_gathers_worth_and_two_more_per_micro_batch():
+    """(2A + 1)·G·(N-1)/N bytes a rank (zero3.py's cost line): 2A all-gathers, one
+    reduce-scatter, each moving G·(N-1)/N with the ring."""
+    N, G = 4, 3 << 20
+    for A in (1, 3):
+        out = zero3step.predict(UNITS, NEEDS, COMPLETES, [G // 3] * 3, 1e-3, N, 0, Net(),
+                                "ring", accum=A)
+        assert out["rank_bytes"] == pytest.approx((2 * A + 1) * G * (N - 1) / N)
+        assert out["compute_s"] == pytest.approx(A * 9e-3 + 1e-3 / N)
+
+
+def test_zero3_waits_for_every_gather_and_prefetch_hides_all_but_the_first_ones():
+    N, net, nbytes = 4, Net(), [1 << 10] * 3
+    ag = cost("allgather", "ring", 1 << 10, N, 0, net, {})
+    rs = cost("reduce_scatter", "ring", 1 << 10, N, 0, net, {})
+    t_ag, t_rs = ag.fixed + ag.wire, rs.fixed + rs.wire
+    assert t_ag < 1e-3 and t_rs < 1e-3  # each shorter than any unit's compute
+    off = zero3step.predict(UNITS, NEEDS, COMPLETES, nbytes, 0.0, N, 0, net, "ring")
+    on = zero3step.predict(UNITS, NEEDS, COMPLETES, nbytes, 0.0, N, 0, net, "ring",
+                           prefetch=True)
+    # without prefetch: all 6 gathers in line with compute, then the last reduce-scatter;
+    # backward's gathers of units 2 and 1 wait for the link behind the reduce-scatter
+    # just started (its bytes, not its α: one collective on the link at a time)
+    assert off["exposed_s"] == pytest.approx(6 * t_ag + t_rs + 2 * rs.wire)
+    # with it: the first unit's gather of forward, and of backward (unit 3, freed after
+    # forward), then the last reduce-scatter; the others run under compute
+    assert on["exposed_s"] == pytest.approx(2 * t_ag + t_rs)
+    assert on["communication_s"] == off["communication_s"] == pytest.approx(6 * t_ag + 3 * t_rs)
+
+
+def test_zero3_on_a_link_that_is_the_limit_prefetch_hides_only_latency():
+    """No compute: the bytes wait in line for the link with or without prefetch; what
+    prefetch hides is the gathers' α and γ parts (their own, run beside other bytes)."""
+    still = [(1, 0.0, 0.0), (2, 0.0, 0.0), (3, 0.0, 0.0)]
+    args = (still, NEEDS, COMPLETES, [1 << 20] * 3, 0.0, 4, 2, Net(), "ring")
+    off, on = zero3step.predict(*args), zero3step.predict(*args, prefetch=True)
+    ag = cost("allgather", "ring", 1 << 20, 4, 2, Net(), {})
+    rs = cost("reduce_scatter", "ring", 1 << 20, 4, 2, Net(), {})
+    assert on["step_s"] >= 6 * ag.wire + 3 * rs.wire  # the bytes, one after the other
+    assert 0 < off["step_s"] - on["step_s"] <= 6 * ag.fixed + 1e-12
+
+
 def test_one_rank_has_nothing_to_communicate():
     out = predict(UNITS, [Reduction("b0", 1, 1.0, 1 << 20)], 1e-3, 1, 0, Net(), "ring")
     assert out["step_s"] == pytest.approx(out["compute_s"]) and out["exposed_s"] == 0
@@ -149,7 +195,7 @@ def step(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--zero", "3"], "--zero 3"), (["--ranks", "6", "--ppn", "4"], "--ppn 4"),
+    (["--prefetch"], "--prefetch"), (["--ranks", "6", "--ppn", "4"], "--ppn 4"),
     (["--rate", "0"], "--rate"), (["--ranks", "0"], "--ranks"),
     (["--zero", "1", "--algorithm", "direct"], "--algorithm"),
     (["--ranks", "128"], "--global-batch 64"), (["--model", "gpt", "--width", "10"], "--width"),
@@ -173,6 +219,21 @@ def test_step_prints_a_table_and_writes_json(mlp_profile, tmp_path, capsys):
     rows = json.load(open(path))["rows"]
     assert [r["N"] for r in rows] == [2, 4]
     assert all(r["step_s"] >= r["compute_s"] > 0 and 0 <= r["hidden"] <= 1 for r in rows)
+
+
+def test_step_predicts_zero3_with_the_models_own_buckets(mlp_profile, tmp_path, capsys):
+    """--zero 3 on the trainer's MLP: one bucket per layer, 3·G·(N-1)/N bytes a rank."""
+    G = 4 * (64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10)
+    rows = {}
+    for flags in ([], ["--prefetch"]):
+        path = str(tmp_path / f"z3{len(flags)}.json")
+        code, _, _ = step(["--profile", mlp_profile, "--hidden", "128,64", "--zero", "3",
+                           "--ranks", "3", "--rate", "1", *flags, "--json", path], capsys)
+        assert code == 0
+        rows[bool(flags)] = json.load(open(path))["rows"][0]
+    for r in rows.values():
+        assert r["rank_bytes"] == pytest.approx(3 * G * 2 / 3) and r["reductions"] == 3
+    assert rows[True]["step_s"] <= rows[False]["step_s"]
 
 
 def _trainer(name):

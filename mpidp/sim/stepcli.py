@@ -2,7 +2,7 @@
 
     python -m mpidp.sim profile --model gpt --batch 8 -o gpt-profile.json
     python -m mpidp.sim step --model gpt --ranks 2,16,128 --ppn 8 --rate 100 \\
-        --profile gpt-profile.json [--no-overlap] [--zero 1] [--json F] [--draw F.png]
+        --profile gpt-profile.json [--no-overlap] [--zero 1|3 [--prefetch]] [--json F]
 
 The model flags are the trainers' (train_mlp.py, train_gpt.py: the same names and
 defaults; `--vocab` stands for the corpus's byte vocabulary, 256 at most). A bad flag,
@@ -20,12 +20,12 @@ import sys
 from mpidp import cli, files
 from mpidp.collectives import ALGORITHMS
 from mpidp.training import hooks, outputs
-from mpidp.training.buckets import make_buckets
+from mpidp.training.buckets import make_buckets, writers
 from mpidp.training.pieces import HIGH, LOW
 from mpidp.training.trainer import piece_mb
 from mpidp.untrusted import InputError
 
-from . import hookstep
+from . import hookstep, zero3step
 from . import profile as prof
 from .step import Net, Reduction, choose, predict
 
@@ -66,6 +66,8 @@ def parser() -> cli.Parser:
     p.add_argument("--piece-mb", type=piece_mb, default="auto", help="mlp, --zero 0: pieces "
                    "of a layer reduced as backward writes them (auto: across hosts only)")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
+    p.add_argument("--prefetch", action="store_true", help="--zero 3: each unit's all-gather "
+                   "starts while the one before it computes")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward")
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS["allreduce"])
     p.add_argument("--comm-hook", type=hookcli, default=["none"], metavar="HOOK,...",
@@ -114,9 +116,8 @@ def checked(args) -> None:
     for name, value in defaults.items():
         if getattr(args, name, 0) is None:
             setattr(args, name, value)
-    if args.zero == 3:
-        raise cli.UsageError("--zero 3: sim step models stages 0, 1 and 2 (stage 3's "
-                             "per-unit all-gathers are not modelled yet)")
+    if args.prefetch and args.zero != 3:
+        raise cli.UsageError("--prefetch: models stage 3's (--zero 3) only")
     if args.zero and args.algorithm not in ("auto", "ring", "rabenseifner"):
         raise cli.UsageError(f"--zero {args.zero} runs reduce-scatter + all-gather: "
                              "--algorithm must be one of auto, ring, rabenseifner")
@@ -217,6 +218,10 @@ def run(args) -> list[dict]:
 def one(args, m, found: dict, h, N: int, batch: float, net: Net, cache: dict,
         timeline: bool = False) -> dict:
     """The predicted step on N ranks with hook `h` (a `hookstep.Hooked`)."""
+    if args.zero == 3:
+        row = zero3(args, m, found, N, batch, net, cache, timeline)
+        row["samples_per_s"], row["hook"] = args.global_batch / row["step_s"], h.name
+        return row
     whole = vars(args) | {"piece_mb": None}  # a hook reduces whole buckets
     plan = reductions(m, args if h.hook is None else argparse.Namespace(**whole), N, net, cache)
     row = predict(scaled(found, batch), plan, found["update_s"], N, args.ppn, net,
@@ -225,6 +230,17 @@ def one(args, m, found: dict, h, N: int, batch: float, net: Net, cache: dict,
                                                         net, cache))
     row["samples_per_s"], row["hook"] = args.global_batch / row["step_s"], h.name
     return row
+
+
+def zero3(args, m, found: dict, N: int, batch: float, net: Net, cache: dict,
+          timeline: bool) -> dict:
+    """Stage 3's step (`zero3step.py`): one bucket per unit, as `DataParallel` makes them."""
+    buckets = make_buckets(m, 0, 0)
+    needs = {i: [b.index for b in bs] for i, bs in writers(m, buckets).items()}
+    return zero3step.predict(scaled(found, batch), needs, {b.units[-1]: b.index for b in buckets},
+                             [int(b.flat.nbytes) for b in buckets], found["update_s"], N,
+                             args.ppn, net, args.algorithm, args.prefetch, args.accum_steps,
+                             cache, timeline)
 
 
 def format_rows(rows: list[dict]) -> str:
