@@ -30,7 +30,7 @@ Each optimisation has a home of its own, and this class only calls it: what a
 bucket's reduction is (all-reduce, whole or in pieces; ZeRO's reduce-scatter; the
 exact sum of deterministic mode) is the *reducer*'s (`reducers.py`, `sharded.py`,
 `pieces.py`, `determinism.py`); a bucket's ``request`` is always one `Reduction`; a
-progress thread is `polling.py`'s.
+progress thread is `polling.py`'s; uneven inputs (``join()``) are `join.py`'s.
 
 N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
 equal shards is the mean over all N·b samples, up to rounding. ``deterministic=True``
@@ -46,6 +46,7 @@ import time
 from contextlib import contextmanager
 
 from .. import collectives as mp
+from . import join as uneven_inputs
 from . import pieces, polling
 from .buckets import Bucket, make_buckets, times, units
 from .determinism import check_reproducible
@@ -219,8 +220,7 @@ class DataParallel:
                         "rounds_in_backward": overlapped}
 
     def step(self) -> None:
-        """The optimizer's update (stage 0: the same on every rank; ZeRO: my shard, then
-        the parameters' all-gather)."""
+        """The optimizer's update (ZeRO: my shard, then the parameters' all-gather)."""
         self.reducer.step()
 
     @contextmanager
@@ -231,6 +231,8 @@ class DataParallel:
             yield
         finally:
             self._sync = previous
+
+    join = uneven_inputs.join  # ``with ddp.join():`` a rank out of batches shadows the rest
 
     def on_grad(self, i: int) -> None:
         """Unit i's gradients are written: maybe launch its bucket; progress the others."""
@@ -271,8 +273,7 @@ class DataParallel:
     # ------------------------------------------------------------ reporting
 
     def bucket_times(self) -> list[dict]:
-        """Each reduced bucket's launch and completion after the last backward began
-        (`buckets.times`)."""
+        """Each reduced bucket's launch and completion since the last backward (`buckets.times`)."""
         return times(self.buckets, self.reducer.nbytes, self.t_backward)
 
     def close(self) -> None:
