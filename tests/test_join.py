@@ -9,15 +9,22 @@ deterministic mode `DataParallel` on `MPI.COMM_SELF` over those T·A micro-shard
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 
 import numpy as np
 import pytest
 from helpers.subcomms import on_each_size
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
+from test_determinism import gpt_trainer, run_trainer
 from threadpoolctl import threadpool_limits
 
+from mpidp import watchdog
 from mpidp.training import MLP, SGD, DataParallel, softmax_cross_entropy
+from mpidp.training.checkpoint import read
+from mpidp.training.data import UnevenSampler
 
 SIZES = [6, 8, 7, 3]  # 3 layers: 3 buckets with bucket_mb=0
 B = 2  # samples per micro-batch
@@ -187,3 +194,86 @@ def test_join_needs_a_step_the_forward_inside_no_sync_and_no_nesting():
                 ddp.backward(softmax_cross_entropy(logits, y[:B])[1])  # ... it did not
             assert j.reducer is ddp.reducer
         assert ddp.reducer is j.reducer.inner  # join() leaves the reducer it found
+
+
+# ------------------------------------------------------------------ the trainers' --uneven
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4), st.integers(0, 200),
+       st.integers(0, 3))
+def test_uneven_shards_use_every_sample_once_in_steps_of_a_micro_batches(n, A, b, extra, ep):
+    G = n * A * b
+    total = n * (n + 1) // 2 * A * b + extra  # every shard holds a step at least
+    samplers = [UnevenSampler(total, G, r, n, seed=3, accum_steps=A) for r in range(n)]
+    steps = [s.epoch(ep) for s in samplers]
+    seen = np.concatenate([np.concatenate(m) for rank in steps for m in rank])
+    assert np.array_equal(np.sort(seen), np.arange(total))  # none dropped, none twice
+    for s, rank in zip(samplers, steps, strict=True):
+        assert s.steps_per_epoch == max(len(r) for r in steps)
+        assert all(len(m) == A for m in rank)  # A micro-batches a step, on every rank
+        sizes = [len(x) for m in rank for x in m]
+        assert min(sizes) >= b and max(sizes) - min(sizes) <= 1, sizes
+    if n > 1:  # one global batch in all: rank 0's share, 2/(n+1) of it, is short of a step
+        with pytest.raises(ValueError, match="less than one step"):
+            UnevenSampler(G, G, 0, n, accum_steps=A)
+
+
+def mlp_reference(argv: dict, n: int) -> dict:
+    """train_mlp.py --uneven's step on one process: each step the mean over the ranks in it
+    of their micro-batches' mean gradients (1/A each), clipped, then SGD."""
+    from mpidp.training import data as datasets
+
+    ds = datasets.digits(seed=0)
+    x, y = ds.x_train.astype("float64"), ds.y_train
+    A, G = argv["--accum-steps"], argv["--global-batch"]
+    model = MLP([ds.features, 16, ds.classes], dtype="float64", seed=0)
+    opt = SGD(model.params, model.grads, 0.05, 0.9, 1e-4)
+    ranks = [UnevenSampler(len(y), G, r, n, 0, A).epoch(0) for r in range(n)]
+    total = {k: np.zeros_like(v) for k, v in model.grads.items()}
+    for s in range(max(map(len, ranks))):
+        ins = [steps[s] for steps in ranks if s < len(steps)]
+        for t in total.values():
+            t[...] = 0
+        for micro in ins:
+            for idx in micro:
+                _, dlogits = softmax_cross_entropy(model.forward(x[idx]), y[idx])
+                model.backward(dlogits / A)
+                for k, g in model.grads.items():
+                    total[k] += g / len(ins)
+        norm = np.sqrt(sum(float(np.vdot(t, t)) for t in total.values()))
+        for k, g in model.grads.items():
+            g[...] = total[k] * min(1.0, argv["--clip-grad"] / (norm + 1e-6))
+        opt.step()
+    return {f"param/{k}": v for k, v in model.params.items()}
+
+
+@pytest.mark.mpi(ranks=[3], timeout=300)
+def test_the_trainers_run_uneven_shards_to_the_end(mpi_ranks, shared_dir):
+    """train_mlp.py --uneven --clip-grad on 3 ranks (shards of 1/6, 2/6, 3/6: 29, 59 and 90
+    steps) equals its one-process reference; train_gpt.py --uneven, with ZeRO-3 and a
+    checkpoint every 7 steps (collectives in the step), ends."""
+    comm = MPI.COMM_WORLD
+    argv = {"--accum-steps": 2, "--global-batch": 24, "--clip-grad": 0.5}
+    path = f"{shared_dir}/mlp.npz"
+    run_trainer(comm, ["--uneven", "--dtype", "float64", "--hidden", "16", "--epochs", "1",
+                       "--progress", "never", "--checkpoint", path,
+                       *[str(v) for kv in argv.items() for v in kv]])
+    comm.Barrier()
+    state = read(path)
+    want = mlp_reference(argv, comm.Get_size())
+    for name, value in want.items():
+        np.testing.assert_allclose(state[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    gpt = gpt_trainer()
+    metrics = f"{shared_dir}/gpt.jsonl"
+    args = gpt.parse_args(["--uneven", "--corpus-mb", "0.02", "--context", "16", "--layers",
+                           "1", "--width", "16", "--heads", "2", "--global-batch", "48",
+                           "--epochs", "1", "--eval-every", "1000", "--sample-tokens", "0",
+                           "--zero", "3", "--optimizer", "adam", "--clip-grad", "1",
+                           "--checkpoint", f"{shared_dir}/gpt.npz", "--checkpoint-every",
+                           "7", "--metrics", metrics, "--progress", "never"])
+    with watchdog.guard("auto", "training") as dog, threadpool_limits(1, user_api="blas"):
+        assert gpt.train(args, comm, dog) == 0
+    if comm.Get_rank() == 0:
+        rows = [json.loads(line) for line in open(metrics)]
+        assert rows[-1]["step"] > rows[0]["step"]
