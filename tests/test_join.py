@@ -18,6 +18,7 @@ from helpers.subcomms import on_each_size
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
+from test_checkpoint import trainer as mlp_trainer
 from test_determinism import gpt_trainer, run_trainer
 from threadpoolctl import threadpool_limits
 
@@ -277,3 +278,23 @@ def test_the_trainers_run_uneven_shards_to_the_end(mpi_ranks, shared_dir):
     if comm.Get_rank() == 0:
         rows = [json.loads(line) for line in open(metrics)]
         assert rows[-1]["step"] > rows[0]["step"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--clip-grad", "0"], "--clip-grad"),
+    (["--clip-grad", "nan"], "--clip-grad"),
+    (["--uneven", "--global-batch", "7000"], "global batch 7000 exceeds"),  # UnevenSampler
+])
+def test_the_trainers_new_flags_are_checked_before_training(argv, words, capsys, tmp_path):
+    ck = tmp_path / "ck.npz"
+    try:  # a bad flag returns 2; a problem found by every rank together exits with 2
+        code = mlp_trainer().main([*argv, "--progress", "never", "--data", "synthetic",
+                                   "--checkpoint", str(ck)])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.splitlines()) == 1, err
+    assert not ck.exists()
+    args = gpt_trainer().parse_args(["--uneven", "--clip-grad", "2.5"])
+    assert args.uneven and args.clip_grad == 2.5
