@@ -149,7 +149,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             val = evaluate(model, text.val, val_seqs, T, comm)
         train_loss = np.array([since["loss"], since["steps"]])
         mpidp.allreduce(comm, mpidp.IN_PLACE, train_loss, op="sum")
-        tokens = train_loss[1] * args.global_batch // size * T  # every rank's steps
+        tokens = train_loss[1] * (args.global_batch // size) * T  # every rank's steps
         memory = model_state_bytes(ddp)  # step 0: no optimizer state yet (its first step makes it)
         row = {"step": opt.steps, "epoch": epoch, "loss": train_loss[0] / max(train_loss[1], 1),
                "val_loss": val, "tokens_per_s": tokens / since["seconds"] if tokens else 0.0,
