@@ -36,7 +36,7 @@ backward), and a rank leaves its loop only between steps (not with accumulated
 micro-batches whose samples would be lost). Collectives of your own inside the loop
 (a loss all-reduce) are not shadowed: put them in ``step=`` or after the block.
 
-Cost: one all-reduce of 3 integers per forward (log N rounds: ``recursive_doubling``),
+Cost: one all-reduce of 3 integers per forward (``recursive_doubling``: about log N rounds),
 and on a joined rank the step's communication with no compute.
 """
 
