@@ -23,7 +23,7 @@ from test_determinism import gpt_trainer, run_trainer
 from threadpoolctl import threadpool_limits
 
 from mpidp import watchdog
-from mpidp.training import MLP, SGD, DataParallel, softmax_cross_entropy
+from mpidp.training import MLP, SGD, DataParallel, clip_grad_norm, softmax_cross_entropy
 from mpidp.training.checkpoint import read
 from mpidp.training.data import UnevenSampler
 
@@ -31,6 +31,7 @@ SIZES = [6, 8, 7, 3]  # 3 layers: 3 buckets with bucket_mb=0
 B = 2  # samples per micro-batch
 HYPER = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
 TOL = {"rtol": 1e-11, "atol": 1e-13}  # float64, summation order only
+CLIP = 0.3  # runs with an odd mode clip to it in step= (the joined ranks too): it acts
 CASES = {  # steps per rank on n ranks: shards differing by 0, 1 and many batches
     "even": lambda n: [2] * n,
     "one fewer": lambda n: [3] * (n - 1) + [2],
@@ -67,9 +68,9 @@ def copied(params) -> dict:
     return {k: v.copy() for k, v in params.items()}
 
 
-def reference(counts: list[int], A: int, deterministic: bool) -> dict:
+def reference(counts: list[int], A: int, deterministic: bool, clip: bool = False) -> dict:
     """One rank on each step's union: float64 one batch, or the exact average of its
-    T·A micro-shards (float32) on COMM_SELF."""
+    T·A micro-shards (float32) on COMM_SELF; maybe clipped to CLIP."""
     dtype = "float32" if deterministic else "float64"
     x, y = dataset(dtype)
     _, union = schedule(counts, A)
@@ -80,6 +81,10 @@ def reference(counts: list[int], A: int, deterministic: bool) -> dict:
             idx = idx.reshape(-1)
             _, dlogits = softmax_cross_entropy(model.forward(x[idx]), y[idx])
             model.backward(dlogits)
+            if clip:
+                norm = np.sqrt(sum(float(np.vdot(g, g)) for g in model.grads.values()))
+                for g in model.grads.values():
+                    g *= min(1.0, CLIP / (norm + 1e-6))
             opt.step()
         return copied(model.params)
     with DataParallel(model, MPI.COMM_SELF, optimizer=opt, deterministic=True) as ddp:
@@ -89,11 +94,13 @@ def reference(counts: list[int], A: int, deterministic: bool) -> dict:
                 with ddp.no_sync() if k < len(shards) - 1 else nullcontext():
                     _, dlogits = softmax_cross_entropy(ddp.forward(x[shard]), y[shard])
                     ddp.backward(dlogits)
+            if clip:
+                clip_grad_norm(ddp, CLIP)
             ddp.step()
         return copied(model.params)
 
 
-def train(comm, counts: list[int], mode: tuple, join: bool = True) -> dict:
+def train(comm, counts: list[int], mode: tuple, join: bool = True, clip: bool = False) -> dict:
     """Rank r's own loop over its counts[r] steps, inside ``join()``; the parameters after."""
     zero, deterministic, overlap, A, bucket_mb = mode
     dtype = "float32" if deterministic else "float64"
@@ -104,13 +111,18 @@ def train(comm, counts: list[int], mode: tuple, join: bool = True) -> dict:
     opt = SGD(model.params, model.grads, **HYPER)
     with DataParallel(model, comm, bucket_mb=bucket_mb, overlap=overlap, algorithm="ring",
                       optimizer=opt, zero=zero, deterministic=deterministic) as ddp:
-        with ddp.join() if join else nullcontext():
-            for step in mine[rank]:  # (A, B)
-                for a, idx in enumerate(step):
+        def step():  # on every rank after each synced backward: joined ones too
+            if clip:
+                clip_grad_norm(ddp, CLIP)
+            ddp.step()
+
+        with ddp.join(step) if join else nullcontext():
+            for micro in mine[rank]:  # (A, B)
+                for a, idx in enumerate(micro):
                     with ddp.no_sync() if a < A - 1 else nullcontext():
                         _, dlogits = softmax_cross_entropy(ddp.forward(x[idx]), y[idx])
                         ddp.backward(dlogits if deterministic else dlogits / A)
-                ddp.step()
+                step()
         ddp.check_replicas()  # the joined ranks stepped too: every replica the same
         with ddp.gathered() as params:
             return copied(params)
@@ -131,7 +143,7 @@ def compare(got: dict, want: dict, bitwise: bool, what: str) -> None:
 def test_uneven_shards_equal_one_rank_on_the_samples_seen(mpi_ranks):
     """N = 2..5 in one launch: every (mode, case) once, on N = 2 + (mode + 2·case) % 4, so
     that every N meets every case; an even case inside join() is bitwise the run without
-    it (every third mode)."""
+    it (every third mode); odd modes clip the gradient in join's step=."""
     runs = [(m, c, 2 + (m + 2 * c) % 4) for m in range(len(MODES)) for c in range(len(CASES))]
 
     def check(comm):
@@ -140,10 +152,11 @@ def test_uneven_shards_equal_one_rank_on_the_samples_seen(mpi_ranks):
             mode, case = MODES[m], list(CASES)[c]
             counts = CASES[case](n)
             what = f"N={n} {case} {counts} mode {mode}"
-            got = train(comm, counts, mode)
-            compare(got, reference(counts, mode[3], mode[1]), mode[1], what)
+            clip = m % 2 == 1
+            got = train(comm, counts, mode, clip=clip)
+            compare(got, reference(counts, mode[3], mode[1], clip), mode[1], f"{what} {clip=}")
             if case == "even" and m % 3 == 0:
-                compare(got, train(comm, counts, mode, join=False), True, f"{what} no join")
+                compare(got, train(comm, counts, mode, False, clip), True, f"{what} no join")
 
     assert {(c, n) for _, c, n in runs} == {(c, n) for c in range(3) for n in (2, 3, 4, 5)}
 
