@@ -37,7 +37,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import GPT, ShardSampler, data, outputs, resume, trainer
+from mpidp.training import GPT, data, outputs, resume, stepflags, trainer
 from mpidp.training.gpt import token_cross_entropy
 from mpidp.training.memory import model_state_bytes
 
@@ -102,14 +102,15 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     sampler = None
     try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
         A = trainer.micro_batches(args, size)
-        sampler = ShardSampler(n_train, args.global_batch, rank, size, args.seed, A)
+        sampler = stepflags.sampler(args, n_train, rank, size, A)
     except ValueError as e:
         problem = problem or f"--global-batch: {e}"
     model = GPT(len(text.vocab), T, args.layers, args.heads, args.width, args.dtype,
                 seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
     run = resume.settings(args, corpus_mb=args.corpus_mb, corpus=text.fingerprint(),
-                          context=T, layers=args.layers, heads=args.heads, width=args.width)
+                          context=T, layers=args.layers, heads=args.heads, width=args.width,
+                          **stepflags.settings(args, size))
     start_epoch, start_step = resume.start_from(args, comm, model, opt, problem, PROG, run,
                                                 sampler and sampler.steps_per_epoch)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step
@@ -148,14 +149,14 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
             val = evaluate(model, text.val, val_seqs, T, comm)
         train_loss = np.array([since["loss"], since["steps"]])
         mpidp.allreduce(comm, mpidp.IN_PLACE, train_loss, op="sum")
-        tokens = since["steps"] * args.global_batch * T
+        tokens = train_loss[1] * (args.global_batch // size) * T  # every rank's steps
         memory = model_state_bytes(ddp)  # step 0: no optimizer state yet (its first step makes it)
         row = {"step": opt.steps, "epoch": epoch, "loss": train_loss[0] / max(train_loss[1], 1),
                "val_loss": val, "tokens_per_s": tokens / since["seconds"] if tokens else 0.0,
                "memory_bytes": memory["total"], "optimizer_state_bytes": memory["optimizer"],
                "ranks": size,
                "zero": args.zero, "unigram_entropy": entropy}
-        if since["steps"] == 0:
+        if train_loss[1] == 0:  # no rank trained since (--uneven: not only this one)
             row["loss"] = first_loss(epoch)
         if rank == 0:
             print(f"step {row['step']:5d}  loss {row['loss']:.4f}  val {val:.4f} nats/token "
@@ -166,42 +167,56 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
 
     def first_loss(epoch: int) -> float:
         """Before any step: the loss on the first step's samples, forward only (collective)."""
-        seqs = sampler.epoch(epoch)[start_step].reshape(-1)
+        steps = sampler.epoch(epoch)  # --uneven: this rank may have no step start_step
+        seqs = np.concatenate(steps[start_step]) if start_step < len(steps) else np.empty(0, int)
         with ddp.gathered():
             return evaluate(model, text.train, seqs, T, comm)
 
     report(start_epoch)
     stop, last_reported = False, opt.steps
     for epoch in range(start_epoch, args.epochs):
-        batches = sampler.epoch(epoch)  # (steps, A, b) sample numbers
+        batches = sampler.epoch(epoch)  # steps x A micro-batches of b sample numbers
         first = start_step if epoch == start_epoch else 0
+        before = opt.steps - first  # the optimizer's steps before this epoch
         bar = trainer.Progress(args.progress if rank == 0 else "never",
                                sampler.steps_per_epoch, f"epoch {epoch + 1}",
                                args.progress_every)
-        for step in range(first, sampler.steps_per_epoch):
-            t0 = time.perf_counter()
-            for a in range(A):
-                x, y = data.batch(text.train, batches[step, a], T)  # (b, T) each
-                with ddp.no_sync() if a < A - 1 else nullcontext():
-                    logits = ddp.forward(model.xp.asarray(x))  # (b, T, V)
-                    loss, dlogits = token_cross_entropy(logits, model.xp.asarray(y))
-                    if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
-                        dlogits /= A  # the mean over A micro-batches of b = mean over A*b
-                    ddp.backward(dlogits)
-                since["loss"] += loss / A
+        state = {"stop": False, "reported": last_reported, "done": time.perf_counter()}
+
+        def finish_step(t0=None, epoch=epoch, before=before, bar=bar, state=state) -> None:
+            """What follows a synced backward, on every rank (--uneven: joined ones too,
+            without `t0`, when the rank's step began: they trained on no samples)."""
             t1 = time.perf_counter()
+            stepflags.clip(args, ddp)
             ddp.step()
-            since["seconds"] += time.perf_counter() - t0
-            since["steps"] += 1
-            stop = trainer.end_step(args, ddp, dog, tracer, t1, partial(save, epoch, step + 1))
-            if stop or opt.steps % args.eval_every == 0:
+            since["seconds"] += time.perf_counter() - (state["done"] if t0 is None else t0)
+            since["steps"] += t0 is not None
+            state["stop"] = trainer.end_step(args, ddp, dog, tracer, t1,
+                                             partial(save, epoch, opt.steps - before))
+            if state["stop"] or opt.steps % args.eval_every == 0:
                 bar.clear()  # the row on a line of its own, not on the bar's
-                report(epoch)
-                last_reported = opt.steps
-            bar.update(step + 1)
-            if stop:
-                break
+                report(epoch)  # (collective)
+                state["reported"] = opt.steps
+            bar.update(opt.steps - before)
+            state["done"] = time.perf_counter()  # a joined rank's next step begins
+
+        with stepflags.joined(args, ddp, finish_step):
+            for step in range(first, len(batches)):
+                t0 = time.perf_counter()
+                for a, seqs in enumerate(batches[step]):
+                    x, y = data.batch(text.train, seqs, T)  # (b, T) each
+                    with ddp.no_sync() if a < A - 1 else nullcontext():
+                        logits = ddp.forward(model.xp.asarray(x))  # (b, T, V)
+                        loss, dlogits = token_cross_entropy(logits, model.xp.asarray(y))
+                        if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
+                            dlogits /= A  # the mean over A micro-batches of b = over A*b
+                        ddp.backward(dlogits)
+                    since["loss"] += loss / A
+                finish_step(t0)
+                if state["stop"]:
+                    break
         bar.close()
+        stop, last_reported = state["stop"], state["reported"]
         if stop:
             break
         save(epoch + 1, 0)

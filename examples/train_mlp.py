@@ -37,7 +37,7 @@ import numpy as np
 import mpidp
 from mpidp import cli, watchdog
 from mpidp.trace import Tracer
-from mpidp.training import MLP, ShardSampler, data, outputs, resume, trainer
+from mpidp.training import MLP, data, outputs, resume, stepflags, trainer
 from mpidp.training.memory import StepPeak, model_state_bytes
 from mpidp.training.mlp import device_module, softmax_cross_entropy
 
@@ -73,14 +73,14 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     sampler = None
     try:  # A micro-batches per rank and step (--deterministic: its micro-shards)
         A = trainer.micro_batches(args, size)
-        sampler = ShardSampler(len(ds.y_train), args.global_batch, rank, size, args.seed, A)
+        sampler = stepflags.sampler(args, len(ds.y_train), rank, size, A)
     except ValueError as e:
         problem = problem or f"--global-batch: {e}"
     sizes = [ds.features, *args.hidden, ds.classes]
     model = MLP(sizes, args.activation, dtype, seed=args.seed, device=args.device)
     opt = trainer.make_optimizer(args, model)
     run = resume.settings(args, data=args.data, hidden=args.hidden,
-                          activation=args.activation)
+                          activation=args.activation, **stepflags.settings(args, size))
     start_epoch, start_step = resume.start_from(args, comm, model, opt, problem, PROG, run,
                                                 sampler and sampler.steps_per_epoch)
     if start_step == sampler.steps_per_epoch:  # saved after an epoch's last step, before
@@ -111,21 +111,21 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
 
     stop = False
     for epoch in range(start_epoch, args.epochs):
-        batches = sampler.epoch(epoch)  # (steps, A, b) sample indices
+        batches = sampler.epoch(epoch)  # steps x A micro-batches of b sample indices
         first = start_step if epoch == start_epoch else 0
+        before = opt.steps - first  # the optimizer's steps before this epoch
         # loss sum, correct, samples, forward s, backward s, exposed comm s, steps
         stats = np.zeros(7)
         bar = trainer.Progress(args.progress if rank == 0 else "never",
                                sampler.steps_per_epoch, f"epoch {epoch + 1}",
                                args.progress_every)
         t_epoch = time.perf_counter()
-        peak = None  # bytes at the epoch's last step: model states + what it allocates
-        for step in range(first, sampler.steps_per_epoch):
-            last = step == sampler.steps_per_epoch - 1 and args.device == "cpu"
-            held = model_state_bytes(ddp)["total"] if last else 0
-            measured = StepPeak().start() if last else None  # tracemalloc: host arrays
-            for a in range(A):
-                idx = xp.asarray(batches[step, a])
+        peak = {}  # "bytes" at the epoch's last step: model states + what it allocates
+
+        def train_step(micro, stats=stats) -> None:
+            """This rank's A micro-batches (forward, backward) of one step."""
+            for a, idx in enumerate(micro):
+                idx = xp.asarray(idx)
                 x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
                 with ddp.no_sync() if a < A - 1 else nullcontext():
                     t0 = time.perf_counter()
@@ -137,16 +137,30 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                     ddp.backward(dlogits)
                 stats[:6] += (loss * len(y), int((logits.argmax(axis=1) == y).sum()), len(y),
                               t1 - t0, ddp.timings["backward"], ddp.timings["exposed_comm"])
+
+        def finish_step(epoch=epoch, before=before, bar=bar, peak=peak) -> None:
+            """What follows a synced backward, on every rank (--uneven: joined ones too)."""
             t2 = time.perf_counter()
+            stepflags.clip(args, ddp)
             ddp.step()
-            if measured is not None:
-                peak = held + measured.stop()
-            stats[6] += 1
-            stop = trainer.end_step(args, ddp, dog, tracer, t2, partial(save, epoch, step + 1))
-            bar.update(step + 1)
-            if stop:
-                break
+            if "measured" in peak:
+                peak["bytes"] = peak.pop("held") + peak.pop("measured").stop()
+            peak["stop"] = trainer.end_step(args, ddp, dog, tracer, t2,
+                                            partial(save, epoch, opt.steps - before))
+            bar.update(opt.steps - before)
+
+        with stepflags.joined(args, ddp, finish_step):
+            for step in range(first, len(batches)):
+                if step == len(batches) - 1 and args.device == "cpu":
+                    peak["held"] = model_state_bytes(ddp)["total"]
+                    peak["measured"] = StepPeak().start()  # tracemalloc: host arrays
+                train_step(batches[step])
+                stats[6] += 1
+                finish_step()
+                if peak["stop"]:
+                    break
         bar.close()
+        stop = peak.get("stop", False)
         if stop:
             break
         elapsed = time.perf_counter() - t_epoch
@@ -165,8 +179,8 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
                "backward_ms": bwd * per_step, "exposed_comm_ms": exposed * per_step,
                "epoch_s": elapsed, "ranks": size, "zero": args.zero,
                "memory_bytes": model_state_bytes(ddp)["total"]}
-        if peak is not None:  # absent on a GPU: tracemalloc does not see CuPy's memory
-            row["peak_memory_bytes"] = peak
+        if "bytes" in peak:  # absent on a GPU: tracemalloc does not see CuPy's memory
+            row["peak_memory_bytes"] = peak["bytes"]
         if rank == 0:
             print(f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  "
                   f"train {row['train_acc']:.4f}  test {row['test_acc']:.4f}  "

@@ -2,8 +2,11 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpidp.training import ShardSampler, data, digits, synthetic
+from mpidp.training.data import UnevenSampler
 
 
 def test_digits_ships_with_sklearn_and_splits_deterministically():
@@ -86,3 +89,23 @@ def test_the_real_stdlib_corpus_is_python_source():
     text = data.stdlib_text(max_bytes=1 << 16)
     assert len(text.train) + len(text.val) == 1 << 16
     assert "def " in text.decode(text.train) and 1.5 < text.unigram_entropy() < np.log(256)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4), st.integers(0, 200),
+       st.integers(0, 3))
+def test_uneven_shards_use_every_sample_once_in_steps_of_a_micro_batches(n, A, b, extra, ep):
+    G = n * A * b
+    total = n * (n + 1) // 2 * A * b + extra  # every shard holds a step at least
+    samplers = [UnevenSampler(total, G, r, n, seed=3, accum_steps=A) for r in range(n)]
+    steps = [s.epoch(ep) for s in samplers]
+    seen = np.concatenate([np.concatenate(m) for rank in steps for m in rank])
+    assert np.array_equal(np.sort(seen), np.arange(total))  # none dropped, none twice
+    for s, rank in zip(samplers, steps, strict=True):
+        assert s.steps_per_epoch == max(len(r) for r in steps)
+        assert all(len(m) == A for m in rank)  # A micro-batches a step, on every rank
+        sizes = [len(x) for m in rank for x in m]
+        assert min(sizes) >= b and max(sizes) - min(sizes) <= 1, sizes
+    if n > 1:  # one global batch in all: rank 0's share, 2/(n+1) of it, is short of a step
+        with pytest.raises(ValueError, match="less than one step"):
+            UnevenSampler(G, G, 0, n, accum_steps=A)

@@ -41,7 +41,7 @@ def test_data_parallel_is_short_and_sniffs_no_signature():
     assert cls.end_lineno - cls.lineno + 1 < 200
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     options = [a.arg for a in init.args.args + init.args.kwonlyargs][3:]  # not self, model, comm
-    assert len(options) <= 11, options
+    assert len(options) <= 12, options  # about ten, and comm_hook
     for path in TRAINING.glob("*.py"):
         assert len(path.read_text().splitlines()) < 300, path.name
 

@@ -211,3 +211,37 @@ class ShardSampler:
         shard = self.global_batches(epoch).reshape(
             self.steps_per_epoch, self.size, self.accum_steps, self.local_batch)
         return shard[:, self.rank]
+
+
+class UnevenSampler:
+    """Indices of each rank's micro-batches with shards of unequal length (``--uneven``).
+
+    Each epoch's permutation (`ShardSampler`'s) is cut, with nothing dropped, into N
+    contiguous shards, rank r's about (r + 1) / (1 + 2 + ... + N) of it; rank r runs
+    ``steps(r) = max(1, len // (A·b))`` steps of A micro-batches, its shard cut into
+    ``steps(r)·A`` micro-batches of b samples or a few more (sizes differing by at most
+    one). So the ranks hold different numbers of steps: `DataParallel.join()` runs them.
+    ``steps_per_epoch`` is the most any rank runs, the optimizer steps of an epoch.
+    """
+
+    def __init__(self, n_samples: int, global_batch: int, rank: int = 0, size: int = 1,
+                 seed: int = 0, accum_steps: int = 1):
+        self.even = ShardSampler(n_samples, global_batch, rank, size, seed, accum_steps)
+        self.rank, self.accum_steps = rank, accum_steps
+        self.local_batch = b = self.even.local_batch
+        share = [n_samples * (r + 1) // (size * (size + 1) // 2) for r in range(size)]
+        share[-1] += n_samples - sum(share)  # the rounding's rest to the last rank
+        self.stops = np.cumsum([0, *share])
+        short = [r for r in range(size) if share[r] < accum_steps * b]
+        if short:
+            raise ValueError(f"uneven shards: rank {short[0]}'s {share[short[0]]} samples "
+                             f"hold less than one step of {accum_steps} x {b}")
+        self.steps = [max(1, s // (accum_steps * b)) for s in share]  # rank -> its steps
+        self.steps_per_epoch = max(self.steps)
+
+    def epoch(self, epoch: int) -> list[list[np.ndarray]]:
+        """This rank's steps of the epoch, each a list of A micro-batches of sample indices."""
+        r, A = self.rank, self.accum_steps
+        shard = self.even.permutation(epoch)[self.stops[r]:self.stops[r + 1]]
+        micro = np.array_split(shard, self.steps[r] * A)
+        return [micro[s * A:(s + 1) * A] for s in range(self.steps[r])]

@@ -30,7 +30,7 @@ Each optimisation has a home of its own, and this class only calls it: what a
 bucket's reduction is (all-reduce, whole or in pieces; ZeRO's reduce-scatter; the
 exact sum of deterministic mode) is the *reducer*'s (`reducers.py`, `sharded.py`,
 `pieces.py`, `determinism.py`); a bucket's ``request`` is always one `Reduction`; a
-progress thread is `polling.py`'s.
+progress thread is `polling.py`'s; uneven inputs (``join()``) are `join.py`'s.
 
 N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
 equal shards is the mean over all N·b samples, up to rounding. ``deterministic=True``
@@ -47,6 +47,7 @@ from contextlib import contextmanager
 
 from .. import collectives as mp
 from . import hooks, pieces, polling
+from . import join as uneven_inputs
 from .buckets import Bucket, make_buckets, times, units
 from .determinism import check_reproducible
 from .reducers import STAGES, AllReduce
@@ -74,9 +75,9 @@ class NaiveDataParallel:
 
 
 def checked(model, zero, optimizer, algorithm, prefetch, deterministic, progress_thread,
-            piece_mb):
+            piece_mb, comm_hook):
     """`DataParallel`'s arguments checked before any message: (the reducer's class, the
-    algorithm's name(s), the progress thread's design or None)."""
+    algorithm's name(s), the progress thread's design or None, the hook or None)."""
     if zero not in STAGES:
         raise ValueError(f"zero must be one of {', '.join(map(str, STAGES))}, not {zero!r}")
     reducer = ReduceScatter if zero else AllReduce
@@ -88,7 +89,7 @@ def checked(model, zero, optimizer, algorithm, prefetch, deterministic, progress
     for name, p in model.params.items():  # plain floats only
         mp.check_buffer(p, f"parameter {name!r}", writable=True)
         mp.AVG.check(p.dtype)
-    return reducer, algorithm, thread
+    return reducer, algorithm, thread, hooks.check(comm_hook, zero, deterministic, model, thread)
 
 
 class DataParallel:
@@ -100,9 +101,8 @@ class DataParallel:
             buckets; `close` frees it), or any comm-like object (used as given).
         bucket_mb, first_bucket_mb: bucket caps in MiB (PyTorch DDP: 25, 1); 0: one per unit.
         overlap: start each bucket's reduction during backward (False: after it).
-        algorithm: an all-reduce name from ``mpidp.ALGORITHMS["allreduce"]``; with ZeRO
-            ``"auto"``, ``"ring"``, ``"rabenseifner"`` or ``{"reduce_scatter": name,
-            "allgather": name}``.
+        algorithm: an all-reduce of ``mpidp.ALGORITHMS["allreduce"]``; with ZeRO "auto",
+            "ring", "rabenseifner" or ``{"reduce_scatter": name, "allgather": name}``.
         progress_thread: False (reductions advance at backward's hooks), ``"poll"`` (or
             True) or ``"wait"``: a `polling.ProgressThread` as well.
         timeout: seconds `backward` waits for the buckets before TimeoutError (None: no limit).
@@ -110,17 +110,15 @@ class DataParallel:
         zero: the ZeRO stage, 0 (replicas) .. 3 (`sharded.py`; 3: one unit per bucket).
         prefetch: ZeRO 1, 2: `step()` leaves the parameters' all-gather running into the
             next forward; 3: each unit's all-gather starts while the unit before it runs.
-        deterministic: bitwise the result of one rank on the global batch (see above);
-            RuntimeError where this process cannot promise it (`determinism.py`).
-        piece_mb: reduce each unit's gradient in pieces of this many MiB as backward
-            writes them (`pieces.py`: stage 0, a model that cuts rows); ``"auto"``: only
-            across hosts; None: whole buckets; `pieces.RowsOnly(mb)`: the cut alone.
+        deterministic: bitwise one rank on the global batch (above; `determinism.py` refuses).
+        piece_mb: MiB of the pieces reduced as backward writes them (`pieces.py`; stage 0,
+            rows cut); "auto": across hosts only; None: whole; `RowsOnly(mb)`: the cut alone.
         comm_hook: each bucket's reduction, whole (`hooks.py`: the protocol; a hook, or
             ``"fp16"``, ``"bf16"``, ``"powersgd:R"``); None: the plain all-reduce.
 
-    Attributes: ``buckets``, ``reducer``, ``optimizer`` (ZeRO: the shard's), ``thread`` (or
-    None), ``row_stops`` (unit -> W's row stops where backward is cut, or None), ``across``
-    (``piece_mb="auto"`` found several hosts); ZeRO's ``layout``, ``grad_shard``, ``param_shard``.
+    Attributes: ``buckets``, ``reducer``, ``optimizer`` (ZeRO: the shard's), ``thread``,
+    ``row_stops`` (unit -> W's row stops where backward is cut), ``across`` (``piece_mb="auto"``
+    found several hosts); ZeRO's ``layout``, ``grad_shard``, ``param_shard``.
     """
 
     def __init__(self, model, comm, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
@@ -128,9 +126,9 @@ class DataParallel:
                  timeout: float | None = None, *, optimizer=None, zero: int = 0,
                  prefetch: bool = False, deterministic: bool = False,
                  piece_mb: float | str | None = "auto", comm_hook=None):
-        reducer, algorithm, thread = checked(model, zero, optimizer, algorithm, prefetch,
-                                             deterministic, progress_thread, piece_mb)
-        hook = hooks.check(comm_hook, zero, deterministic, model, thread)
+        reducer, algorithm, thread, hook = checked(
+            model, zero, optimizer, algorithm, prefetch, deterministic, progress_thread,
+            piece_mb, comm_hook)
         names = algorithm.values() if isinstance(algorithm, dict) else [algorithm]
         self._dup = mp.duplicate(comm, with_model="auto" in names)
         self.comm = comm if self._dup is None else self._dup
@@ -222,8 +220,7 @@ class DataParallel:
                         "rounds_in_backward": overlapped}
 
     def step(self) -> None:
-        """The optimizer's update (stage 0: the same on every rank; ZeRO: my shard, then
-        the parameters' all-gather)."""
+        """The optimizer's update (ZeRO: my shard, then the parameters' all-gather)."""
         self.reducer.step()
 
     @contextmanager
@@ -234,6 +231,8 @@ class DataParallel:
             yield
         finally:
             self._sync = previous
+
+    join = uneven_inputs.join  # ``with ddp.join():`` a rank out of batches shadows the rest
 
     def on_grad(self, i: int) -> None:
         """Unit i's gradients are written: maybe launch its bucket; progress the others."""
@@ -274,8 +273,7 @@ class DataParallel:
     # ------------------------------------------------------------ reporting
 
     def bucket_times(self) -> list[dict]:
-        """Each reduced bucket's launch and completion after the last backward began
-        (`buckets.times`)."""
+        """Each reduced bucket's launch and completion since the last backward (`buckets.times`)."""
         return times(self.buckets, self.reducer.nbytes, self.t_backward)
 
     def close(self) -> None:

@@ -88,13 +88,18 @@ def keep_apart(buckets, synced: bool) -> None:
             b.parts.append(b.flat.copy())
 
 
-def exact(comm, b, out, algorithm: str, counts=None):
+def exact(comm, b, out, algorithm: str, counts=None, uneven=None):
     """Start the exact average of bucket b's parts and its gradients, all ranks', into `out`.
 
     ``counts``: reduce-scatter it instead (ZeRO), rank r's block into its `out`.
+    ``uneven``: under `DataParallel.join()` with ranks joined, (the addends of the ranks
+    that trained, whether I did): a joined rank brings no addends (`join.py`).
     """
     parts = [*b.parts, b.flat]
     addends = comm.Get_size() * len(parts)  # every rank runs as many micro-shards
+    if uneven is not None:
+        addends, trained = uneven
+        parts = parts if trained else []
     if counts is None:
         return mp.iallreduce_parts(comm, parts, out, addends=addends, algorithm=algorithm,
                                    average=True)

@@ -96,6 +96,9 @@ def args_refused(args) -> str | None:
     """Why the trainer's ``--comm-hook`` cannot run with its other flags (None: it can).
     PowerSGD's state (its Q, its residuals) is not in a checkpoint: no ``--resume``."""
     hook = parse(args.comm_hook)
+    if hook is not None and getattr(args, "uneven", False):
+        return (f"--comm-hook {args.comm_hook} with --uneven: join() shadows a step with zero "
+                "gradients, which a hook's error feedback would not keep at zero")
     if isinstance(hook, PowerSGD) and args.resume:
         return (f"--comm-hook {args.comm_hook} with --resume: a checkpoint does not hold "
                 "PowerSGD's state (its Q and residuals), the run would not continue")

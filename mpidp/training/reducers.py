@@ -55,6 +55,7 @@ class AllReduce:
     """
 
     collective = "allreduce"
+    uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
 
     @staticmethod
     def check(model, optimizer, algorithm, prefetch: bool):
@@ -92,7 +93,8 @@ class AllReduce:
         if b.index in self.pieces:
             return pieces.reduction(self.pieces[b.index])
         if self.deterministic:
-            return Reduction([lambda: exact(self.comm, b, b.flat, self.algorithm)])
+            return Reduction([lambda: exact(self.comm, b, b.flat, self.algorithm,
+                                            uneven=self.uneven)])
         return Reduction([lambda: self._start(b)])
 
     def _start(self, b: Bucket):

@@ -26,6 +26,7 @@ class ReduceScatter:
 
     collective = "reduce_scatter"
     row_stops, pieces, across = None, {}, False  # whole buckets only
+    uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
 
     @staticmethod
     def check(model, optimizer, algorithm, prefetch: bool) -> dict:
@@ -96,7 +97,7 @@ class ReduceScatter:
         counts = self.layout.blocks[b.index].counts
         if self.deterministic:  # my block at the bucket's front, as the in-place call's
             return exact(self.comm, b, b.flat[:counts[self.comm.Get_rank()]],
-                         self.algorithm["reduce_scatter"], counts)
+                         self.algorithm["reduce_scatter"], counts, self.uneven)
         if b.plan is not None:  # stage 1
             b.plan.Start()
             return b.plan.request

@@ -10,8 +10,8 @@ data and what they measure; the rest is here, once:
 - `parser` adds the flags every trainer has (`--epochs`/`--max-steps`,
   `--global-batch`, `--accum-steps`, `--bucket-mb`, `--algorithm`, `--zero`,
   `--optimizer`, `--checkpoint`/`--resume`/`--overwrite`, `--metrics`, `--trace`,
-  `--dtype`, `--progress`, ...) and `checked` the rules between them, so that a
-  bad command line is one line on rank 0 and exit code 2 on every rank;
+  `--dtype`, `--progress`, ...; `stepflags`: `--uneven`, `--clip-grad`) and `checked`
+  the rules between them: a bad command line is one line on rank 0, exit 2 on every rank;
 - `problems` finds, on rank 0, an output file that could not be written (`outputs`);
 - `resume.start_from` (its own module) loads a checkpoint written by the same run, or
   says why not;
@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .. import cli, config, watchdog
 from ..collectives import ALGORITHMS
-from . import checkpoint, hooks, outputs
+from . import checkpoint, hooks, outputs, stepflags
 from .ddp import DataParallel
 from .determinism import default_micro_batch, micro_shards
 from .optim import OPTIMIZERS, SGD
@@ -143,6 +143,7 @@ def parser(prog: str, description: str, default_lr: dict, *, epochs: int, global
     p.add_argument("--micro-batch", type=count, default=None, metavar="M",
                    help="--deterministic's micro-shard size (default: from the global batch "
                         "alone, see mpidp.training.determinism.default_micro_batch)")
+    stepflags.add_flags(p)  # --uneven, --clip-grad
     return p
 
 
