@@ -43,15 +43,17 @@ def test_a_profile_of_another_gpt_is_refused(tmp_path, capsys):
 
 def test_step_vs_measured_reads_its_runs(tmp_path):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"modes": {"serial": {"step_ms": 10.0},
-                                           "overlap": {"step_ms": 8.0}}}))
+    bench.write_text(json.dumps({"modes": {
+        "serial": {"step_ms": 10.0, "backward_ms": 4.0, "exposed_comm_ms": 3.0},
+        "overlap": {"step_ms": 8.0, "backward_ms": 4.5, "exposed_comm_ms": 1.0}}}))
     steps = {}
-    for mode, s in (("serial", 0.011), ("overlap", 0.0072)):
+    for mode, s, e in (("serial", 0.011, 0.004), ("overlap", 0.0072, 0.0005)):
         steps[mode] = str(tmp_path / f"{mode}.json")
-        (tmp_path / f"{mode}.json").write_text(json.dumps({"rows": [{"step_s": s}]}))
+        (tmp_path / f"{mode}.json").write_text(json.dumps({"rows": [{"step_s": s,
+                                                                      "exposed_s": e}]}))
     got = measured.compare(str(bench), steps)
-    assert [(m, a, pytest.approx(b)) for m, a, b in got] == [("serial", 10.0, 11.0),
-                                                             ("overlap", 8.0, 7.2)]
+    assert [tuple(pytest.approx(x) if isinstance(x, float) else x for x in row) for row in got] \
+        == [("serial", 10.0, 11.0, 4.0, 3.0, 4.0), ("overlap", 8.0, 7.2, 4.5, 1.0, 0.5)]
     bench.write_text(json.dumps({"modes": {"serial": {"step_ms": "fast"}}}))
     with pytest.raises(InputError, match="bench.json"):
         measured.compare(str(bench), steps)

@@ -24,9 +24,11 @@ import tempfile
 from mpidp import untrusted
 
 BENCH = untrusted.Record({"modes": untrusted.Record({
-    m: untrusted.Record({"step_ms": untrusted.Num(0)}) for m in ("serial", "overlap")})})
+    m: untrusted.Record({"step_ms": untrusted.Num(0), "backward_ms": untrusted.Num(0),
+                         "exposed_comm_ms": untrusted.Num(0)})
+    for m in ("serial", "overlap")})})
 STEP = untrusted.Record({"rows": untrusted.List(untrusted.Record(
-    {"step_s": untrusted.Num(0)}), min_len=1, max_len=1)})
+    {"step_s": untrusted.Num(0), "exposed_s": untrusted.Num(0)}), min_len=1, max_len=1)})
 
 
 def gbit(rate: str) -> float:
@@ -56,20 +58,30 @@ def commands(model: str, batch: int, bench: str) -> tuple[list[str], list[str], 
             ["--bucket-mb", "0.1", "--first-bucket-mb", "0.1"])
 
 
-def compare(bench_json: str, step_json: dict[str, str]) -> list[tuple[str, float, float]]:
-    """(mode, measured ms, predicted ms) from a benchmark's JSON and sim step JSONs."""
+def compare(bench_json: str, step_json: dict[str, str]) -> list[tuple]:
+    """(mode, measured ms, predicted ms, measured backward ms, measured exposed ms,
+    predicted exposed ms) from a benchmark's JSON and sim step JSONs."""
     bench = untrusted.check(untrusted.read_json(bench_json, 1 << 24), BENCH, bench_json)
     rows = []
     for mode, path in step_json.items():
-        step = untrusted.check(untrusted.read_json(path, 1 << 20), STEP, path)
-        rows.append((mode, bench["modes"][mode]["step_ms"], 1e3 * step["rows"][0]["step_s"]))
+        step = untrusted.check(untrusted.read_json(path, 1 << 20), STEP, path)["rows"][0]
+        got = bench["modes"][mode]
+        rows.append((mode, got["step_ms"], 1e3 * step["step_s"], got["backward_ms"],
+                     got["exposed_comm_ms"], 1e3 * step["exposed_s"]))
     return rows
+
+
+def backward_ms(profile: str) -> float:
+    """The profile's backward, all units (ms): what `sim step` takes a backward to last."""
+    from .profile import read
+    return 1e3 * sum(u["backward_s"] for u in read(profile)["units"])
 
 
 def run(models: dict[str, list[int]], rates: list[str], out: str) -> list[str]:
     py = sys.executable
-    lines = ["| trainer | rate | batch | overlap | measured ms | predicted ms | error | load |",
-             "|:---|:---|---:|:---|---:|---:|---:|:---|"]
+    lines = ["| trainer | rate | batch | overlap | measured ms | predicted ms | error | "
+             "backward ms (profile) | exposed ms measured | exposed ms predicted | load |",
+             "|:---|:---|---:|:---|---:|---:|---:|---:|---:|---:|:---|"]
     for model, batches in models.items():
         for batch in batches:
             profile = os.path.join(out, f"profile-{model}-b{batch}.json")
@@ -91,10 +103,12 @@ def run(models: dict[str, list[int]], rates: list[str], out: str) -> list[str]:
                                     "--json", steps[mode],
                                     *(["--no-overlap"] if mode == "serial" else [])],
                                    check=True, stdout=subprocess.DEVNULL)
-                for mode, got, want in compare(bench, steps):
+                profiled = backward_ms(profile)
+                for mode, got, want, bwd, exposed, predicted in compare(bench, steps):
                     lines.append(f"| {model} | {rate} | {batch} | "
                                  f"{'on' if mode == 'overlap' else 'off'} | {got:.1f} | "
-                                 f"{want:.1f} | {(want - got) / got:+.0%} | {load} |")
+                                 f"{want:.1f} | {(want - got) / got:+.0%} | {bwd:.1f} "
+                                 f"({profiled:.1f}) | {exposed:.1f} | {predicted:.1f} | {load} |")
     return lines
 
 
