@@ -261,6 +261,32 @@ def rank_timeline(steps: int) -> None:
 
 # ---------------------------------------------------------------- the tests
 
+def rank_torch() -> None:
+    """mpidp.torch's start-up across hosts: the store rank 0 serves is found at an address
+    the other hosts reach (not its loopback), and a collective and DDP's step run."""
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import mpidp.torch
+    from mpidp.torch import start
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    mpidp.torch.init_process_group()
+    t = torch.arange(4, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t)
+    size = dist.get_world_size()
+    assert torch.equal(t, torch.arange(4, dtype=torch.float32) * size * (size + 1) / 2), t
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
+    model(torch.ones(5, 3) * rank).sum().backward()
+    grads = [torch.zeros(2, 3) for _ in range(size)]
+    dist.all_gather(grads, model.module.weight.grad)
+    assert all(torch.equal(g, grads[0]) for g in grads)  # averaged alike on every rank
+    hosts = MPI.COMM_WORLD.bcast(start.addresses(), root=0)
+    print(f"TORCH rank {rank} store at {hosts[0]}", flush=True)
+    dist.destroy_process_group()
+
+
 def _rank_argv(*args: str) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), *args]
 
@@ -316,6 +342,21 @@ def test_data_parallel_across_hosts_equals_one_rank_with_its_defaults_and_every_
         == [True, "poll"], designs
     assert designs["{'bucket_mb': 0, 'piece_mb': 0.0005, 'progress_thread': 'wait'}"] == \
         [False, "wait", True], designs
+
+
+@needs_cluster
+@needs_hydra
+def test_mpidp_torch_starts_across_hosts_with_nothing_to_set():
+    """3 hosts x 1 rank: init_process_group() under mpiexec alone (no MASTER_ADDR/PORT);
+    the store's address that rank 0 sends is one the other hosts reach."""
+    pytest.importorskip("torch", reason="mpidp.torch needs PyTorch (make test installs it)")
+    with cluster.Cluster(3, rate="1gbit") as c:
+        result = c.run(3, _rank_argv("torch"), timeout=120, capture=True)
+    _clean()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    lines = [line for line in out.splitlines() if line.startswith("TORCH rank")]
+    assert len(lines) == 3 and not any(" store at 127." in line for line in lines), out
 
 
 @needs_cluster
@@ -708,6 +749,8 @@ if __name__ == "__main__":
         rank_collectives()
     elif sys.argv[1] == "ddp":
         rank_ddp()
+    elif sys.argv[1] == "torch":
+        rank_torch()
     elif sys.argv[1] == "timeline":
         rank_timeline(int(sys.argv[2]))
     elif sys.argv[1] == "placed":
