@@ -110,15 +110,23 @@ def code_table(name: str, code: str) -> np.ndarray:
 
 def codes(x, out, tmp, first: bool) -> None:
     """out = (first ? code(x) : max(out, code(x))), item by item (`code_table` says what a
-    code is): x's 16 high bits copied once (a strided read), then shifts on 2 bytes an item."""
+    code is): x's 16 high bits copied once (a strided read), then five operations on
+    2 bytes an item, all of one integer type (`tmp`: scratch of 2·size uint16; given less,
+    it takes the second half itself)."""
     info = np.finfo(x.dtype)
     shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
-    t16 = tmp.view(np.uint16)[: out.size]
+    t = tmp.view(np.uint16)
+    t16 = t[: out.size]
+    small = t[out.size : 2 * out.size] if t.size >= 2 * out.size else np.empty_like(t16)
     np.copyto(t16, _top16(x))
-    positive_small = t16 < (1 << (shift - 1))  # +0.0, positive subnormals (1 byte an item)
+    # 1 for +0.0 and positive subnormals (t16 below 2^(shift-1)): t16 - 2^(shift-1) wraps
+    # around to its top bit; so do the negatives, whose code (>= 1 but for -0.0 and negative
+    # subnormals, which are 0 here too) the maximum below keeps
+    np.subtract(t16, np.uint16(1 << (shift - 1)), out=small)
+    np.right_shift(small, 15, out=small)
     np.left_shift(t16, 1, out=t16)  # the sign dropped
     np.right_shift(t16, shift, out=t16)
-    np.bitwise_or(t16, positive_small, out=t16)
+    np.maximum(t16, small, out=t16)
     if first:
         np.copyto(out, t16, casting="unsafe")
     else:
