@@ -57,16 +57,24 @@ is +0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf.
 Integer dtypes take plain SUM (already exact). EXACT_AVG: V/n rounded once
 (`averaging`), so a mean is finite where the sum overflows.
 
-Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes):
+Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes).
+The call path takes one of two exchanges (collectives/exact.py), the same bits:
 
-    n >= 3:  A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes, 2 x its rounds
-    n <= 2:  A(G)                                          SUM's
-    float32: A(G/4) + A(2G); float16: A(G/2) + A(4G)
+    direct, 3 <= n <= 3N, N >= 2:
+                      one round of raw blocks, h·G(N-1)/N for h addends a rank
+                      [+ the parts' counts, 8 B to each peer], then the all-gather
+                      of the sums: A_gather(G); with one addend a rank, SUM's bytes
+    words,  n > 3N:   A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes
+    n <= 2:           A(G)                                          SUM's
+    float32: the words' A(G/4) + A(2G); float16: A(G/2) + A(4G)
 
-plus, per addend, a gather of its code from a table (`code_table`: a strided read)
-and five passes over it (two for float32, float16: one addition and one
-subtraction per word), two gathers of constants per call, and one pass at the
-end, in place in pooled scratch (`exact.Scratch`).
+plus, per addend, a strided read of its high bits and five integer operations on
+2 bytes an item for its code, and five passes over it for the float64 words (two
+for float32, float16: one addition and one subtraction per word), the magic
+constants once per call, and one pass at the end. The direct path does this for
+its own block only, where it holds all n addends, a chunk (`exact_direct.CHUNK`
+items) at a time, so that the passes run in the cache; the words path walks the
+addends in such chunks too.
 """
 
 from __future__ import annotations
@@ -154,18 +162,20 @@ def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
 
 
 def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
-    """m1, m2 per item from the agreed codes (the values of `magic_tables`), written as
-    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) over zeros; returns the
-    float64 items outside `FAST`, whose words `extremes` makes."""
+    """m1, m2 per item from the agreed codes (the values of `magic_tables`), made as
+    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) shifted over zeros;
+    returns the float64 items outside `FAST`, whose words `extremes` makes."""
     lo, hi = _range(g)
     t16 = tmp.view(np.uint16)[: code.size]
     np.clip(code, lo, hi, out=t16, casting="unsafe")
     np.add(t16, 1076 - g.bias - g.B1, out=t16)  # m1's biased exponent: e - B1 + 52 + 1023
     np.left_shift(t16, 4, out=t16)
     np.bitwise_or(t16, 0b1000, out=t16)
-    for m, drop in ((m1, 0), (m2, g.B2)) if g.words == 2 else ((m1, 0),):
-        m.fill(0)
-        np.subtract(t16, drop << 4, out=_top16(m))  # m2 = m1·2^-B2: B2 less in the exponent
+    bits = m1.view(np.int64)  # m1's 64 bits: those 16 on top of zeros
+    np.copyto(bits, t16, casting="unsafe")
+    np.left_shift(bits, 48, out=bits)
+    if g.words == 2:  # m2 = m1·2^-B2: B2 less in the exponent
+        np.subtract(bits, g.B2 << 52, out=m2.view(np.int64))
     if g.words == 1:
         return np.zeros(0, np.intp)
     return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
