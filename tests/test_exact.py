@@ -247,13 +247,13 @@ def test_sim_bytes_of_both_paths():
 
 
 def test_sim_direct_path_beyond_one_chunk_and_its_ranks_disagreeing(monkeypatch):
-    """Blocks longer than a chunk (`exact_direct.CHUNK`, made small) give one rank's bits;
+    """Blocks longer than a chunk (`exact_direct.CHUNK` bytes, made 64 items) give one rank's bits;
     parts that do not add up to `addends` are refused by every rank once the counts are
     swapped."""
     from mpidp.collectives import exact_direct
     from mpidp.sim.reports import ScheduleError
 
-    monkeypatch.setattr(exact_direct, "CHUNK", 64)
+    monkeypatch.setattr(exact_direct, "CHUNK", 64 * 8)
     count = 2 * 64 * 3 + 5  # rank 0 of 3 owns more than two chunks
     parts = finite_hard(count, 5, np.float64, seed=11)
     one = local(parts)

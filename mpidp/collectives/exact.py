@@ -55,7 +55,7 @@ from .algorithms.prerounding import (
 from .algorithms.rounds import Rounds
 from .checks import check_algorithm
 from .cost import choose
-from .exact_direct import CHUNK, chunk_items, direct_items, direct_rounds, takes_direct
+from .exact_direct import chunk_items, direct_items, direct_rounds, takes_direct
 from .placement import locate
 from .plan import Call, Plan, Signed, signed
 
@@ -99,9 +99,10 @@ def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> 
                    take(np.float64, grid_items))
 
 
-def _chunks(count: int):
-    """(start, stop) of the chunks of `CHUNK` items that cover `count` items."""
-    return ((a, min(a + CHUNK, count)) for a in range(0, count, CHUNK))
+def _chunks(count: int, dtype):
+    """(start, stop) of the chunks (`exact_direct.CHUNK` bytes of dtype) over `count` items."""
+    step = max(chunk_items(count, dtype), 1)
+    return ((a, min(a + step, count)) for a in range(0, count, step))
 
 
 def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
@@ -147,7 +148,7 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         code = s.code
         if not parts:
             code[...] = 0  # MAX's identity
-        for a, b in _chunks(count):  # a chunk of every addend at a time, in the cache
+        for a, b in _chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
             for i, x in enumerate(parts):
                 codes(x[a:b], code[a:b], s.tmp16[: 2 * (b - a)], i == 0)
         yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
@@ -157,7 +158,7 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         if not parts:
             W[...] = 0
         with np.errstate(invalid="ignore", over="ignore"):
-            for a, b in _chunks(count):
+            for a, b in _chunks(count, g.dtype):
                 for i, x in enumerate(parts):
                     to_words(x[a:b], s.m1[a:b], m2 if m2 is None else m2[a:b], w1[a:b],
                              w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0)
@@ -281,7 +282,7 @@ def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
     if gather is not None:
         gather = gather.bound(locate(comm, call.state, "allgather", gather.name))
     pool = call.state.pool
-    s = scratch_for(pool, g, chunk_items(layout.counts[rank]), 0, 0)
+    s = scratch_for(pool, g, chunk_items(layout.counts[rank], out.dtype), 0, 0)
     recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
     counts = pool.take(np.empty(0, np.int64), 0 if known else n)
     args = (comm, parts, out, g, gather, s, recv, counts, exact_rounds, op.divide, blocks, known)

@@ -24,11 +24,13 @@ Worth it while the addends are few per rank: `takes_direct` says when.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .algorithms.blocks import Blocks
 from .algorithms.grids import Grid
 from .algorithms.rounds import Recv, Rounds, Send
 
-CHUNK = 1 << 15  # items summed together: a chunk's addends, words and constants stay cached
+CHUNK = 1 << 18  # bytes of each addend summed together: a chunk's words and constants stay cached
 MOST_PER_RANK = 3  # up to 3 addends a rank on average: h + 1 < 4.5 (the words path's bytes)
 
 
@@ -59,9 +61,9 @@ def _head(s, k: int):
     return type(s)(*(a[: a.size * k // full] for a in s))
 
 
-def chunk_items(count: int) -> int:
-    """Items of the local sum's scratch for a block of `count` items."""
-    return min(count, CHUNK)
+def chunk_items(count: int, dtype) -> int:
+    """Items in a chunk (`CHUNK` bytes) of `dtype`, at most `count`: the local sum's scratch."""
+    return min(count, max(CHUNK // np.dtype(dtype).itemsize, 1))
 
 
 def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
@@ -104,8 +106,9 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
     if round_:
         yield round_
     block = out if reduce_scatter is not None else out[lo:lo + c]
-    for a in range(0, c, CHUNK):  # a chunk at a time: its passes run in the cache
-        b = min(a + CHUNK, c)
+    step = max(chunk_items(c, out.dtype), 1)
+    for a in range(0, c, step):  # a chunk at a time: its passes run in the cache
+        b = min(a + step, c)
         yield from local(_One(), [x[a:b] for x in mine], block[a:b], g, _no_rounds,
                          _no_rounds, _head(s, b - a), average)
     if reduce_scatter is None and n > 1:

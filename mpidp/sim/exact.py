@@ -101,7 +101,7 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
         for r, comm in enumerate(sim.comms):
             out = np.full(layout.counts[r], 77, dtype) if rs else np.full(size, 77, dtype)
             mine = [p.copy() for p in parts_by_rank[r]]
-            s = scratch_for(ScratchPool(), g, chunk_items(layout.counts[r]), 0, 0)
+            s = scratch_for(ScratchPool(), g, chunk_items(layout.counts[r], dtype), 0, 0)
             recv = np.empty(direct_items(g, layout, r, len(mine)), dtype)
             gens.append(direct_rounds(comm, mine, out, g, gather and gather.bound(hosts), s,
                                       recv, np.zeros(0 if known else N, np.int64),
