@@ -73,8 +73,8 @@ plus, per addend, a strided read of its high bits and five integer operations on
 for float32, float16: one addition and one subtraction per word), the magic
 constants once per call, and one pass at the end. The direct path does this for
 its own block only, where it holds all n addends, a chunk (`exact_direct.CHUNK`
-items) at a time, so that the passes run in the cache; the words path walks the
-addends in such chunks too.
+bytes of each addend) at a time, so that the passes run in the cache; the words
+path walks the addends in such chunks too.
 """
 
 from __future__ import annotations
@@ -167,7 +167,11 @@ def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
     returns the float64 items outside `FAST`, whose words `extremes` makes."""
     lo, hi = _range(g)
     t16 = tmp.view(np.uint16)[: code.size]
-    np.clip(code, lo, hi, out=t16, casting="unsafe")
+    inside = not code.size or lo <= code.min() and code.max() <= hi  # (mostly: no clip)
+    if inside:
+        np.copyto(t16, code, casting="unsafe")
+    else:
+        np.clip(code, lo, hi, out=t16, casting="unsafe")
     np.add(t16, 1076 - g.bias - g.B1, out=t16)  # m1's biased exponent: e - B1 + 52 + 1023
     np.left_shift(t16, 4, out=t16)
     np.bitwise_or(t16, 0b1000, out=t16)
@@ -176,7 +180,7 @@ def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
     np.left_shift(bits, 48, out=bits)
     if g.words == 2:  # m2 = m1·2^-B2: B2 less in the exponent
         np.subtract(bits, g.B2 << 52, out=m2.view(np.int64))
-    if g.words == 1:
+    if g.words == 1 or inside:
         return np.zeros(0, np.intp)
     return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
 
