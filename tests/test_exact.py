@@ -393,11 +393,18 @@ def bytes_per_rank(comm):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_codes_and_magic_constants_match_their_tables(dtype):
     """The shifts that make codes and magic constants give what the tables spell out."""
-    x = hard_addends(4000, 1, dtype, seed=5)[0]
+    x, y, z = hard_addends(4000, 3, dtype, seed=5)
+    y[:50] = -0.0  # items whose addends are all zero or subnormal, of either sign
+    z[:50] = np.where(np.arange(50) % 2, -0.0, 0.0)
+    x[:25] = -np.finfo(dtype).smallest_subnormal
     code, t16 = np.empty(x.size, prerounding.grid(dtype, 3).code), np.empty(x.size, np.uint16)
-    prerounding.codes(x, code, t16, True)
-    assert np.array_equal(code, prerounding.code_table(np.dtype(dtype).name,
-                                                       code.dtype.name)[prerounding._top16(x)])
+    table = prerounding.code_table(np.dtype(dtype).name, code.dtype.name)
+    prerounding.max_codes([x], code, t16)
+    assert np.array_equal(code, table[prerounding._top16(x)])
+    prerounding.max_codes([x, y, z], code, t16)  # the largest code of the three
+    assert np.array_equal(code, np.maximum.reduce([table[prerounding._top16(v)]
+                                                   for v in (x, y, z)]))
+    assert (code[:50] == 0).any() and (code[:50] == 1).any()
     g = prerounding.grid(dtype, 7)
     m1, m2 = np.empty(x.size), np.empty(x.size)
     prerounding.magics(code, g, m1, m2, t16)

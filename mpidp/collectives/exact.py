@@ -42,12 +42,12 @@ from .algorithms.ops import MAX, SUM, Op
 from .algorithms.prerounding import (
     Grid,
     _range,
-    codes,
     extremes,
     finish,
     from_words,
     grid,
     magics,
+    max_codes,
     special_values,
     specials,
     to_words,
@@ -146,11 +146,8 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
                 np.add(W, x, out=W)
     else:
         code = s.code
-        if not parts:
-            code[...] = 0  # MAX's identity
         for a, b in _chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
-            for i, x in enumerate(parts):
-                codes(x[a:b], code[a:b], s.tmp16[: 2 * (b - a)], i == 0)
+            max_codes([x[a:b] for x in parts], code[a:b], s.tmp16[: 2 * (b - a)])
         yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
         w1, w2 = _words(W, g, rs, 0, count)
         m2 = s.m2 if g.words == 2 else None

@@ -68,8 +68,8 @@ The call path takes one of two exchanges (collectives/exact.py), the same bits:
     n <= 2:           A(G)                                          SUM's
     float32: the words' A(G/4) + A(2G); float16: A(G/2) + A(4G)
 
-plus, per addend, a strided read of its high bits and five integer operations on
-2 bytes an item for its code, and five passes over it for the float64 words (two
+plus, per addend, a strided read of its high bits, shifted, and a maximum on 2
+bytes an item for its code, and five passes over it for the float64 words (two
 for float32, float16: one addition and one subtraction per word), the magic
 constants once per call, and one pass at the end. The direct path does this for
 its own block only, where it holds all n addends, a chunk (`exact_direct.CHUNK`
@@ -116,29 +116,36 @@ def code_table(name: str, code: str) -> np.ndarray:
     return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
 
 
-def codes(x, out, tmp, first: bool) -> None:
-    """out = (first ? code(x) : max(out, code(x))), item by item (`code_table` says what a
-    code is): x's 16 high bits copied once (a strided read), then five operations on
-    2 bytes an item, all of one integer type (`tmp`: scratch of 2·size uint16; given less,
-    it takes the second half itself)."""
-    info = np.finfo(x.dtype)
+def max_codes(parts, out, tmp) -> None:
+    """out = each item's largest code over `parts` (0, MAX's identity, if there are none).
+
+    `code_table` says what a code is. As the code is the biased exponent, the largest
+    is that of the largest 15 bits below the sign: each addend's 16 high bits shifted
+    left once (one strided read) and their maximum taken, then the exponent shifted
+    out once. Zeros and subnormals (exponent 0) code 1 if any of the item's addends
+    has no sign bit: looked up for those items alone (`tmp`: 2·size uint16 of scratch;
+    given less, it takes the second half itself)."""
+    if not parts:
+        out[...] = 0
+        return
+    info = np.finfo(parts[0].dtype)
     shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
     t = tmp.view(np.uint16)
-    t16 = t[: out.size]
-    small = t[out.size : 2 * out.size] if t.size >= 2 * out.size else np.empty_like(t16)
-    np.copyto(t16, _top16(x))
-    # 1 for +0.0 and positive subnormals (t16 below 2^(shift-1)): t16 - 2^(shift-1) wraps
-    # around to its top bit; so do the negatives, whose code (>= 1 but for -0.0 and negative
-    # subnormals, which are 0 here too) the maximum below keeps
-    np.subtract(t16, np.uint16(1 << (shift - 1)), out=small)
-    np.right_shift(small, 15, out=small)
-    np.left_shift(t16, 1, out=t16)  # the sign dropped
-    np.right_shift(t16, shift, out=t16)
-    np.maximum(t16, small, out=t16)
-    if first:
-        np.copyto(out, t16, casting="unsafe")
-    else:
-        np.maximum(out, t16, out=out, casting="unsafe")
+    top, other = t[: out.size], t[out.size : 2 * out.size]
+    if len(parts) > 1 and other.size < out.size:
+        other = np.empty_like(top)
+    np.left_shift(_top16(parts[0]), 1, out=top)  # the sign dropped
+    for x in parts[1:]:
+        np.left_shift(_top16(x), 1, out=other)
+        np.maximum(top, other, out=top)
+    np.right_shift(top, shift, out=top)
+    small = np.flatnonzero(top == 0)
+    if small.size:  # every addend zero or subnormal: 1 if one is positive (+0.0 included)
+        positive = np.zeros(small.size, bool)
+        for x in parts:
+            positive |= ~np.signbit(x[small])
+        top[small] = positive
+    np.copyto(out, top, casting="unsafe")
 
 
 # ------------------------------------------------------------ step 2: the words
