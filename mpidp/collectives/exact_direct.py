@@ -5,10 +5,10 @@ its addends to rank j, as they are, in one round; rank j then holds every addend
 its items, and sums them where it is (the grid sum of `exact.exact_rounds`, on one
 rank: no MAX pass, no words on the wire), and the all-reduce all-gathers the sums:
 
-        rank 0: a0 a1   rank 1: b0 b1          (two ranks, 1 addend each, 2 blocks)
-        round 1:  a1 --> rank 1    b0 --> rank 0
-        local:    rank 0: s0 = exact(a0, b0)    rank 1: s1 = exact(a1, b1)
-        then:     all-gather of s0, s1 (the chosen algorithm's: ring, doubling)
+        rank 0: a0 a1 a2     rank 1: b0 b1 b2     rank 2: c0 c1 c2   (3 ranks, 1 addend each)
+        round:    rank 0: a1 --> 1, a2 --> 2   rank 1: b2 --> 2, b0 --> 0   rank 2: c0, c1
+        local:    rank j: s_j = exact(a_j, b_j, c_j)   (steps 1-3 of prerounding.py)
+        then:     all-gather of s0 s1 s2 (the chosen algorithm's: ring, doubling)
 
 A sum of parts first swaps how many parts each rank holds (one integer to every
 peer), since a rank receives one message per part; the op path (one addend per rank)
