@@ -227,15 +227,43 @@ def test_sim_the_rest_of_the_buffer_and_the_placement_do_not_matter():
     assert same_bits(np.roll(local(rolled)[:64], -7), one)
 
 
-def test_sim_bytes_are_the_two_passes():
-    """EXACT_SUM moves the code pass (G/4) plus the words (2G) for float64 and float32; two
-    addends (N = 2) are one addition, plain SUM's bytes."""
+def test_sim_bytes_of_both_paths():
+    """One addend a rank (EXACT_SUM's op) takes the direct path: each block's addends to
+    its owner, raw, then the ring's all-gather of the sums: SUM's bytes, 2G(N-1)/N. Two a
+    rank (parts): h·G(N-1)/N raw, the counts (8 B to each peer), the all-gather. More than
+    three a rank: the words path, the code pass (G/4) plus the words (2G) through the ring."""
     for dtype, per_item in (("float64", 2 + 16), ("float32", 1 + 8)):
+        size = np.dtype(dtype).itemsize
         for N in (2, 3, 4, 8):
             count = 24 * N
             _, sim = simulate_exact("ring", [[np.ones(count, dtype)] for _ in range(N)], N)
-            per = np.dtype(dtype).itemsize if N == 2 else per_item
-            assert sim.bytes_sent == [2 * (N - 1) * count * per // N] * N
+            assert sim.bytes_sent == [2 * (N - 1) * count * size // N] * N
+            two = [[np.ones(count, dtype)] * 2 for _ in range(N)]
+            _, sim = simulate_exact("ring", two, 2 * N)
+            assert sim.bytes_sent == [3 * (N - 1) * count * size // N + 8 * (N - 1)] * N
+            four = [[np.ones(count, dtype)] * 4 for _ in range(N)]
+            _, sim = simulate_exact("ring", four, 4 * N)
+            assert sim.bytes_sent == [2 * (N - 1) * count * per_item // N] * N
+
+
+def test_sim_direct_path_beyond_one_chunk_and_its_ranks_disagreeing(monkeypatch):
+    """Blocks longer than a chunk (`exact_direct.CHUNK` bytes, made 64 items) give one rank's bits;
+    parts that do not add up to `addends` are refused by every rank once the counts are
+    swapped."""
+    from mpidp.collectives import exact_direct
+    from mpidp.sim.reports import ScheduleError
+
+    monkeypatch.setattr(exact_direct, "CHUNK", 64 * 8)
+    count = 2 * 64 * 3 + 5  # rank 0 of 3 owns more than two chunks
+    parts = finite_hard(count, 5, np.float64, seed=11)
+    one = local(parts)
+    for N in (2, 3):
+        by_rank = [[p for j, p in enumerate(parts) if j % N == r] for r in range(N)]
+        got, _ = simulate_exact("ring", by_rank, 5)
+        assert all(same_bits(g, one) for g in got), N
+    with pytest.raises(ScheduleError, match=r"the ranks hold 3 parts in all \(rank 0: 2, "
+                       r"rank 1: 1\), but addends=4"):
+        simulate_exact("ring", [parts[:2], parts[2:3]], 4)
 
 
 # ------------------------------------------------------------ across ranks (MPI)
@@ -342,8 +370,10 @@ def test_mpi_bytes_per_rank(mpi_ranks, no_debug_check):
 
 
 def bytes_per_rank(comm):
-    """The ring moves 2(N-1)/N of each pass: codes (2 B, 1 B per item) and words (16 B, 8 B),
-    2.25 times SUM's bytes; N = 2 (two addends, one addition): SUM's bytes."""
+    """EXACT_SUM (one addend a rank) moves SUM's bytes, 2G(N-1)/N, on every N: the direct
+    path's raw blocks, then the ring's all-gather of the sums (N = 2: one addition, plain
+    SUM). Four parts a rank take the words path: the ring moves 2(N-1)/N of each pass,
+    codes (2 B, 1 B per item) and words (16 B, 8 B), 2.25 times SUM's bytes."""
     N = comm.Get_size()
     count = 40 * N
     for dtype, code, words in ((np.float64, 2, 16), (np.float32, 1, 8)):
@@ -351,22 +381,30 @@ def bytes_per_rank(comm):
         x = np.ones(count, dtype)
         y = np.empty_like(x)
         mpidp.allreduce(counter, x, y, op=mpidp.EXACT_SUM, algorithm="ring")
-        if N == 2:
-            assert counter.bytes_sent == x.nbytes * (N - 1) * 2 // N
-        else:
-            assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
-            assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
+        assert counter.bytes_sent == x.nbytes * (N - 1) * 2 // N
         assert np.all(y == N)
+        counter = CountingComm(comm)
+        mpidp.allreduce_parts(counter, [x] * 4, y, addends=4 * N, algorithm="ring")
+        assert counter.bytes_sent == 2 * (N - 1) * count * (code + words) // N
+        assert counter.bytes_sent == 2 * (N - 1) * x.nbytes * 9 // (4 * N)  # 2.25 G(N-1)/N
+        assert np.all(y == 4 * N)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_codes_and_magic_constants_match_their_tables(dtype):
     """The shifts that make codes and magic constants give what the tables spell out."""
-    x = hard_addends(4000, 1, dtype, seed=5)[0]
+    x, y, z = hard_addends(4000, 3, dtype, seed=5)
+    y[:50] = -0.0  # items whose addends are all zero or subnormal, of either sign
+    z[:50] = np.where(np.arange(50) % 2, -0.0, 0.0)
+    x[:25] = -np.finfo(dtype).smallest_subnormal
     code, t16 = np.empty(x.size, prerounding.grid(dtype, 3).code), np.empty(x.size, np.uint16)
-    prerounding.codes(x, code, t16, True)
-    assert np.array_equal(code, prerounding.code_table(np.dtype(dtype).name,
-                                                       code.dtype.name)[prerounding._top16(x)])
+    table = prerounding.code_table(np.dtype(dtype).name, code.dtype.name)
+    prerounding.max_codes([x], code, t16)
+    assert np.array_equal(code, table[prerounding._top16(x)])
+    prerounding.max_codes([x, y, z], code, t16)  # the largest code of the three
+    assert np.array_equal(code, np.maximum.reduce([table[prerounding._top16(v)]
+                                                   for v in (x, y, z)]))
+    assert (code[:50] == 0).any() and (code[:50] == 1).any()
     g = prerounding.grid(dtype, 7)
     m1, m2 = np.empty(x.size), np.empty(x.size)
     prerounding.magics(code, g, m1, m2, t16)
@@ -384,5 +422,5 @@ def test_sim_cli_check_and_volume(capsys):
     rows = {line.split("|")[0].strip(): line for line in capsys.readouterr().out.splitlines()
             if "|" in line}
     assert rows["2"].split("|")[1].split()[0] == "1.000"  # two addends: SUM's bytes
-    assert rows["3"].split("|")[1].split()[0] == "3.000"  # ring: 2.25 · 2(N-1)/N
-    assert rows["4"].split("|")[1].split()[0] == "3.375"
+    assert rows["3"].split("|")[1].split()[0] == "1.333"  # the direct path: SUM's 2(N-1)/N
+    assert rows["4"].split("|")[1].split()[0] == "1.500"

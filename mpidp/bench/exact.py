@@ -7,7 +7,10 @@ falls on both alike), each repeat times one call of every variant:
     exact    mpidp.allreduce(op=EXACT_SUM): N addends; on 2 ranks that is one
              addition (a + b == b + a), plain SUM and a NaN check
     grid     mpidp.allreduce_parts with N + 1 addends (rank 0 holds two): the
-             pre-rounded path every N >= 3 takes (the MAX pass, the words, back)
+             pre-rounded sum every N >= 3 takes, here its direct path (each
+             block's addends to its owner, summed there, all-gathered)
+    words    the same call on the words path (the MAX pass, the words, back),
+             the direct path turned off for it: the A/B of the two exchanges
     native   the MPI library's Allreduce (MPI.SUM), for scale
 
 and prints the medians over `--repeats` calls, and the ratios to `sum`, with the
@@ -24,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives import cost
+from mpidp.collectives import cost, exact_direct
 
 from .output import HelpFormatter, parse_size
 
@@ -36,12 +39,22 @@ def _time(comm, fn) -> float:
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+def _on_words(comm, extra, y) -> None:
+    """grid's call with the direct path off (every rank alike): the words path."""
+    before, exact_direct.MOST_PER_RANK = exact_direct.MOST_PER_RANK, 0
+    try:
+        mpidp.allreduce_parts(comm, extra, y, addends=comm.Get_size() + 1)
+    finally:
+        exact_direct.MOST_PER_RANK = before
+
+
 def _variants(comm, x, y, extra) -> dict:
     N = comm.Get_size()
     return {
         "sum": lambda: mpidp.allreduce(comm, x, y),
         "exact": lambda: mpidp.allreduce(comm, x, y, op=mpidp.EXACT_SUM),
         "grid": lambda: mpidp.allreduce_parts(comm, extra, y, addends=N + 1),
+        "words": lambda: _on_words(comm, extra, y),
         "native": lambda: comm.Allreduce(x, y, op=MPI.SUM),
     }
 
@@ -78,5 +91,6 @@ def main(argv=None) -> int:
                 print(f"{dtype:8s} {size >> 20:3d} MiB  " + "  ".join(
                     f"{k} {med[k] * 1e3:7.1f} ms" for k in variants) +
                       f"  | exact/sum {med['exact'] / med['sum']:.2f}x  grid/sum "
-                      f"{med['grid'] / med['sum']:.2f}x  (load {load:.1f})", flush=True)
+                      f"{med['grid'] / med['sum']:.2f}x  words/sum "
+                      f"{med['words'] / med['sum']:.2f}x  (load {load:.1f})", flush=True)
     return 0

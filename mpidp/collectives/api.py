@@ -30,7 +30,7 @@ from .algorithms import ALGORITHMS  # noqa: F401 (mpidp.ALGORITHMS: each collect
 from .checks import check_algorithm  # noqa: F401 (mpidp.check_algorithm)
 from .cost import choose  # noqa: F401 (api.choose: what "auto" picks)
 from .engine.driver import Request
-from .exact import plan_parts, plan_parts_rs
+from .exact_parts import plan_parts, plan_parts_rs
 from .persistent import Persistent
 from .plan import planned
 from .plans import (

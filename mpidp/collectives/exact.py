@@ -3,13 +3,23 @@
     mpidp.allreduce(comm, x, y, op=mpidp.EXACT_SUM)          # y: the same bits on any N
     req = mpidp.iallreduce_parts(comm, [g0, g1, g2], out, addends=12)
 
-An exact collective is three passes (prerounding.py has the derivation): a MAX
-all-reduce of a small code per item, the SUM all-reduce (or reduce-scatter) of
-integer words with the chosen algorithm, the conversion back. `exact_rounds`
-chains the two collectives' generators into one generator of rounds, so the
-blocking call, the I-form, the persistent ``*_init`` and `mpidp.Comm` all run it
-through the same `Plan` as any collective, with one tag: `plans` hands an exact op
-to `plan_exact`, and `api`'s parts functions start `plan_parts` and `plan_parts_rs`.
+Every item is pre-rounded to a grid set by its largest addend (prerounding.py has the
+derivation) and the rounded addends are summed exactly. Two paths, chosen from the
+number of addends and ranks alone (`exact_direct.takes_direct`), give the same bits:
+
+- the direct path (up to three addends a rank on average, EXACT_SUM's op always):
+  block j of every addend goes raw to rank j, which holds all the addends of its
+  items and sums them there (this module's `exact_rounds` on one rank, a chunk at a
+  time); the chosen algorithm all-gathers the sums. SUM's bytes with one addend a
+  rank (exact_direct.py).
+- the words path (more addends a rank): a MAX all-reduce of a small code per item,
+  the SUM all-reduce (or reduce-scatter) of float64 words with the chosen algorithm,
+  the conversion back: `exact_rounds` chains the two collectives' generators.
+
+Either is one generator of rounds, so the blocking call, the I-form, the persistent
+``*_init`` and `mpidp.Comm` all run it through the same `Plan` as any collective,
+with one tag: `plans` hands an exact op to `plan_exact`, and `api`'s parts functions
+start `exact_parts.plan_parts` and `plan_parts_rs`.
 
 `iallreduce_parts` sums several arrays per rank (a rank may hold any number of
 the addends, none included): the result is bitwise what EXACT_SUM gives on the
@@ -25,33 +35,34 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..arrays import array_module, flat
-from ..untrusted import index
 from .algorithms import Algorithm, entry
 from .algorithms.averaging import mean
 from .algorithms.blocks import Blocks
-from .algorithms.ops import EXACT_AVG, EXACT_SUM, MAX, SUM, Op
+from .algorithms.ops import MAX, SUM, Op
 from .algorithms.prerounding import (
     Grid,
     _range,
-    codes,
     extremes,
     finish,
     from_words,
     grid,
     magics,
+    max_codes,
     special_values,
     specials,
     to_words,
 )
 from .algorithms.rounds import Rounds
-from .checks import check_algorithm, check_buffer
+from .checks import check_algorithm
 from .cost import choose
+from .exact_direct import chunk_items, direct_items, direct_rounds, takes_direct
 from .placement import locate
 from .plan import Call, Plan, Signed, signed
 
 # A reduce-scatter's MAX pass (an all-reduce of the codes) by the algorithm of its family
 CODE_FOR = {"ring": "ring", "recursive_halving": "rabenseifner"}
+# The direct path's all-gather of the sums, by the all-reduce asked for (others: doubling)
+GATHER_FOR = {"ring": "ring"}
 
 
 class Passes(NamedTuple):
@@ -68,7 +79,7 @@ class Scratch(NamedTuple):
 
     code: object  # count, the code dtype (n <= 2: none)
     code_tmp: object  # the MAX algorithm's tmp, code dtype
-    tmp16: object  # count, uint16
+    tmp16: object  # 2·count, uint16
     words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
     words_tmp: object  # the SUM algorithm's tmp, word dtype
     m1: object  # count, float64: the magic constants of the two grids
@@ -82,10 +93,16 @@ def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> 
 
     grid_items = 0 if g.plain else count
     return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
-                   take(np.uint16, grid_items), take(g.word, count * g.words),
+                   take(np.uint16, 2 * grid_items), take(g.word, count * g.words),
                    take(g.word, word_items), take(np.float64, grid_items),
                    take(np.float64, grid_items if g.words == 2 else 0),
                    take(np.float64, grid_items))
+
+
+def _chunks(count: int, dtype):
+    """(start, stop) of the chunks (`exact_direct.CHUNK` bytes of dtype) over `count` items."""
+    step = max(chunk_items(count, dtype), 1)
+    return ((a, min(a + step, count)) for a in range(0, count, step))
 
 
 def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
@@ -100,7 +117,9 @@ def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
 
 def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
                  average: bool = False, reduce_scatter: Blocks | None = None) -> Rounds:
-    """The three passes as one generator of rounds (prerounding.py derives them).
+    """The words path's three passes as one generator of rounds (prerounding.py derives
+    them); on a comm of one rank with collectives that send nothing, the direct path's
+    local sum.
 
     Args:
         parts: this rank's addends, arrays of out's size and dtype (any number). They
@@ -127,10 +146,8 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
                 np.add(W, x, out=W)
     else:
         code = s.code
-        if not parts:
-            code[...] = 0  # MAX's identity
-        for i, x in enumerate(parts):
-            codes(x, code, s.tmp16, i == 0)
+        for a, b in _chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
+            max_codes([x[a:b] for x in parts], code[a:b], s.tmp16[: 2 * (b - a)])
         yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
         w1, w2 = _words(W, g, rs, 0, count)
         m2 = s.m2 if g.words == 2 else None
@@ -138,8 +155,10 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         if not parts:
             W[...] = 0
         with np.errstate(invalid="ignore", over="ignore"):
-            for i, x in enumerate(parts):
-                to_words(x, s.m1, m2, w1, w2, s.y, i == 0)
+            for a, b in _chunks(count, g.dtype):
+                for i, x in enumerate(parts):
+                    to_words(x[a:b], s.m1[a:b], m2 if m2 is None else m2[a:b], w1[a:b],
+                             w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0)
             if scaled.size:
                 extremes(parts, scaled, code, g, w1, w2)
         special = specials(parts, code, w1, w2, g)
@@ -185,19 +204,6 @@ def _exact(w1, w2, code, g: Grid, i: int) -> Fraction:
 # ------------------------------------------------------------ the plans
 
 
-def _check_parts(parts, out) -> list:
-    check_buffer(out, "out", writable=True)
-    if array_module(out) is not np:
-        raise TypeError("the exact sum takes NumPy arrays (CuPy arrays are not supported)")
-    parts = list(parts)
-    for i, x in enumerate(parts):
-        check_buffer(x, f"parts[{i}]")
-        if x.dtype != out.dtype or x.size != out.size:
-            raise ValueError(f"parts[{i}] is {x.size} items of {x.dtype}, out {out.size} of "
-                             f"{out.dtype}: every part must match out")
-    return [flat(x) for x in parts]
-
-
 def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: int,
                blocks: Blocks | None = None, held: int | None = None) -> Plan:
     """The plan of an exact all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
@@ -236,6 +242,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
                    op=op.name, algorithm=algorithm, addends=addends)
         if held is not None:
             call.agree_total(collective, held, addends)
+    if takes_direct(g, comm.Get_size()):
+        return _plan_direct(call, parts, out, g, op, algorithm, blocks, known=held is None)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
@@ -247,46 +255,32 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
 
 
-def _addends(call: Call, parts: list, addends) -> int:
-    """`addends` as the whole number it is, refused where this rank can see it is wrong:
-    fewer than the parts it holds, or (one rank) other than their number."""
-    n = index(addends, "addends")
-    if n < 0:
-        raise ValueError(f"addends={n}: the number of addends over all ranks, not negative")
-    if len(parts) > n:
-        raise ValueError(f"this rank holds {len(parts)} parts, more than addends={n} "
-                         "(the number of addends over all ranks)")
-    if call.comm.Get_size() == 1 and len(parts) != n:
-        raise ValueError(f"one rank holds all {len(parts)} parts, but addends={n}")
-    return n
+def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
+                 blocks: Blocks | None, known: bool) -> Plan:
+    """The plan of the direct path (`exact_direct`): raw addends to their items' owners,
+    the local grid sum there, and (all-reduce) the all-gather of the sums."""
+    comm, n, rank = call.comm, call.comm.Get_size(), call.comm.Get_rank()
+    rs = blocks is not None
+    count = blocks.total if rs else out.size
+    layout = blocks if rs else Blocks.even(count, n)
 
+    def setup() -> tuple[Signed, Algorithm | None]:
+        collective = "reduce_scatter" if rs else "allreduce"
+        check_algorithm(collective, algorithm)
+        name = None if rs else (
+            choose(comm, "allgather", count * out.itemsize, "auto") if algorithm == "auto"
+            else GATHER_FOR.get(algorithm, "recursive_doubling"))
+        return (signed(collective, (layout.counts if rs else count, g.addends), out.dtype, op,
+                       f"direct+{name or 'none'}"), name and entry("allgather", name))
 
-def plan_parts(call: Call, parts, out, addends: int, algorithm: str = "auto",
-               average: bool = False) -> Plan:
-    """Check and set up the exact sum of every rank's `parts` into `out`."""
-    parts = _check_parts(parts, out)
-    if out.dtype.kind not in "f":
-        raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
-    n = _addends(call, parts, addends)
-    return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      n, held=len(parts))
-
-
-def plan_parts_rs(call: Call, parts, out, counts, addends: int, algorithm: str = "auto",
-                  average: bool = False) -> Plan:
-    """Check and set up the exact reduce-scatter of every rank's `parts` into `out`."""
-    blocks = Blocks([index(c, f"counts[{i}]") for i, c in enumerate(counts)])
-    if len(blocks.counts) != call.comm.Get_size():
-        raise ValueError(f"need one count per rank ({call.comm.Get_size()}), got "
-                         f"{len(blocks.counts)}")
-    mine = blocks.counts[call.comm.Get_rank()]
-    check_buffer(out, "out", writable=True)
-    if out.size != mine:
-        raise ValueError(f"out holds {out.size} items, this rank's block {mine}")
-    whole = array_module(out).empty(blocks.total, dtype=out.dtype)  # only for the checks
-    parts = _check_parts(parts, whole)
-    if out.dtype.kind not in "f":
-        raise TypeError(f"the exact sum of parts takes float arrays, not {out.dtype}")
-    n = _addends(call, parts, addends)
-    return plan_exact(call, parts, flat(out), EXACT_AVG if average else EXACT_SUM, algorithm,
-                      n, blocks, held=len(parts))
+    key = ("exact direct", rs, count, layout.counts, out.dtype, op.name, algorithm, g.addends)
+    sig, gather = call.setup(key, setup)
+    tag = call.tag(sig)
+    if gather is not None:
+        gather = gather.bound(locate(comm, call.state, "allgather", gather.name))
+    pool = call.state.pool
+    s = scratch_for(pool, g, chunk_items(layout.counts[rank], out.dtype), 0, 0)
+    recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
+    counts = pool.take(np.empty(0, np.int64), 0 if known else n)
+    args = (comm, parts, out, g, gather, s, recv, counts, exact_rounds, op.divide, blocks, known)
+    return Plan(call, direct_rounds, args, tag, None, (*s, recv, counts))

@@ -8,8 +8,9 @@ N simulated ranks, for every N in the range, and requires every rank's result to
 be bitwise the one-rank sum of the same addends (`api.sum_parts`: all of them
 as parts on one rank), for float64, float32 and float16 and every count shape;
 hard addends (cancellations, the whole exponent range, subnormals, inf and nan).
-It also spreads more addends than ranks unevenly (some ranks hold none) and asks
-for the same bits again.
+It also spreads more addends than ranks unevenly (some ranks hold none), few
+enough for the direct path and more than three a rank for the words path
+(`exact_direct.takes_direct`), and asks for the same bits again.
 """
 
 from __future__ import annotations
@@ -22,19 +23,26 @@ from mpidp.collectives.algorithms.fold import fold
 from mpidp.collectives.algorithms.prerounding import grid
 from mpidp.collectives.api import sum_parts
 from mpidp.collectives.engine.staging import ScratchPool
-from mpidp.collectives.exact import CODE_FOR, exact_rounds, scratch_for
+from mpidp.collectives.exact import CODE_FOR, GATHER_FOR, exact_rounds, scratch_for
+from mpidp.collectives.exact_direct import (
+    chunk_items,
+    direct_items,
+    direct_rounds,
+    takes_direct,
+)
 
 from .engine import Sim
 
 DTYPES = ("float64", "float32", "float16")
 
 EXACT_NOTE = """\
-EXACT_SUM is two collectives of the chosen algorithm: a MAX all-reduce of a code
-per item (2 bytes per float64 item, 1 per float32 or float16 item: G/4, G/4, G/2)
-and the SUM all-reduce of integer words (two int64 per float64 item, one float64
-per float32 or float16 item: 2G, 2G, 4G). Each moves the algorithm's multiple of
-its own size, so EXACT_SUM moves 2.25 times (float16: 4.5 times) what SUM moves,
-in twice its rounds."""
+EXACT_SUM with one addend a rank (and sums of parts with up to three a rank on
+average) takes the direct path: block j of every addend goes, raw, to rank j, which
+sums its items where it is, and the chosen algorithm all-gathers the sums: SUM's
+bytes with one addend a rank. More addends a rank take the words path: a MAX
+all-reduce of a code per item (G/4 for float64 and float32) and the SUM all-reduce
+of two float64 words per float64 item (one per float32 item: 2G), 2.25 times SUM's
+bytes (float16 4.5 times) in twice its rounds."""
 
 
 def hard_addends(count: int, n: int, dtype, seed: int = 0) -> list[np.ndarray]:
@@ -63,9 +71,12 @@ def hard_addends(count: int, n: int, dtype, seed: int = 0) -> list[np.ndarray]:
 
 def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
                    collective: str = "allreduce", counts=None, average: bool = False,
-                   placement=None):
+                   placement=None, known=None):
     """Run the exact all-reduce (or reduce-scatter, with per-rank `counts`) of `algorithm`
-    on ``len(parts_by_rank)`` simulated ranks; return (each rank's result, the `Sim`)."""
+    on ``len(parts_by_rank)`` simulated ranks; return (each rank's result, the `Sim`).
+
+    `known`: every rank holds one part and knows it (EXACT_SUM's op: the direct path
+    swaps no counts); by default, where every rank holds one."""
     N = len(parts_by_rank)
     dtype = np.dtype(next(p.dtype for parts in parts_by_rank for p in parts))
     size = next(p.size for parts in parts_by_rank for p in parts)
@@ -81,6 +92,23 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
                    else Blocks.even(size * g.words, N))
     sim = Sim(N, placement=hosts)
     gens, results = [], []
+    if takes_direct(g, N):
+        if known is None:
+            known = all(len(parts) == 1 for parts in parts_by_rank)
+        layout = blocks if rs else Blocks.even(size, N)
+        gather = None if rs else entry("allgather", GATHER_FOR.get(algorithm,
+                                                                     "recursive_doubling"))
+        for r, comm in enumerate(sim.comms):
+            out = np.full(layout.counts[r], 77, dtype) if rs else np.full(size, 77, dtype)
+            mine = [p.copy() for p in parts_by_rank[r]]
+            s = scratch_for(ScratchPool(), g, chunk_items(layout.counts[r], dtype), 0, 0)
+            recv = np.empty(direct_items(g, layout, r, len(mine)), dtype)
+            gens.append(direct_rounds(comm, mine, out, g, gather and gather.bound(hosts), s,
+                                      recv, np.zeros(0 if known else N, np.int64),
+                                      exact_rounds, average, blocks, known))
+            results.append(out)
+        sim.run(gens)
+        return results, sim
     for r, comm in enumerate(sim.comms):
         out = np.full(blocks.counts[r] if rs else size, 77, dtype)
         s = scratch_for(ScratchPool(), g, size, code_scratch(Blocks.even(size, N)),
@@ -116,8 +144,9 @@ def check_exact(algorithm: str, collective: str = "allreduce", ranks=range(1, 65
                 counts = Blocks.even(count, N).counts
             else:
                 counts = None
-            for spread in (False, True):
-                n = N if not spread else N + 3
+            # one addend a rank, and more spread unevenly: the direct path (n <= 3N);
+            # more than three a rank on average: the words path (exact.exact_rounds)
+            for spread, n in ((False, N), (True, N + 3), (True, 3 * N + 2)):
                 addends = hard_addends(count, n, dtype, seed=N)
                 one = np.empty(count, dtype)
                 sum_parts(addends, one)

@@ -57,16 +57,24 @@ is +0.0 unless every addend is -0.0; a finite sum beyond the range is ±inf.
 Integer dtypes take plain SUM (already exact). EXACT_AVG: V/n rounded once
 (`averaging`), so a mean is finite where the sum overflows.
 
-Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes):
+Cost (G bytes of float64 on N ranks; A(X) the chosen algorithm's cost for X bytes).
+The call path takes one of two exchanges (collectives/exact.py), the same bits:
 
-    n >= 3:  A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes, 2 x its rounds
-    n <= 2:  A(G)                                          SUM's
-    float32: A(G/4) + A(2G); float16: A(G/2) + A(4G)
+    direct, 3 <= n <= 3N, N >= 2:
+                      one round of raw blocks, h·G(N-1)/N for h addends a rank
+                      [+ the parts' counts, 8 B to each peer], then the all-gather
+                      of the sums: A_gather(G); with one addend a rank, SUM's bytes
+    words,  n > 3N:   A(G/4) [codes, MAX] + A(2G) [words, SUM]     2.25 x SUM's bytes
+    n <= 2:           A(G)                                          SUM's
+    float32: the words' A(G/4) + A(2G); float16: A(G/2) + A(4G)
 
-plus, per addend, a gather of its code from a table (`code_table`: a strided read)
-and five passes over it (two for float32, float16: one addition and one
-subtraction per word), two gathers of constants per call, and one pass at the
-end, in place in pooled scratch (`exact.Scratch`).
+plus, per addend, a strided read of its high bits, shifted, and a maximum on 2
+bytes an item for its code, and five passes over it for the float64 words (two
+for float32, float16: one addition and one subtraction per word), the magic
+constants once per call, and one pass at the end. The direct path does this for
+its own block only, where it holds all n addends, a chunk (`exact_direct.CHUNK`
+bytes of each addend) at a time, so that the passes run in the cache; the words
+path walks the addends in such chunks too.
 """
 
 from __future__ import annotations
@@ -108,21 +116,36 @@ def code_table(name: str, code: str) -> np.ndarray:
     return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
 
 
-def codes(x, out, tmp, first: bool) -> None:
-    """out = (first ? code(x) : max(out, code(x))), item by item (`code_table` says what a
-    code is): x's 16 high bits copied once (a strided read), then shifts on 2 bytes an item."""
-    info = np.finfo(x.dtype)
+def max_codes(parts, out, tmp) -> None:
+    """out = each item's largest code over `parts` (0, MAX's identity, if there are none).
+
+    `code_table` says what a code is. As the code is the biased exponent, the largest
+    is that of the largest 15 bits below the sign: each addend's 16 high bits shifted
+    left once (one strided read) and their maximum taken, then the exponent shifted
+    out once. Zeros and subnormals (exponent 0) code 1 if any of the item's addends
+    has no sign bit: looked up for those items alone (`tmp`: 2·size uint16 of scratch;
+    given less, it takes the second half itself)."""
+    if not parts:
+        out[...] = 0
+        return
+    info = np.finfo(parts[0].dtype)
     shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
-    t16 = tmp.view(np.uint16)[: out.size]
-    np.copyto(t16, _top16(x))
-    positive_small = t16 < (1 << (shift - 1))  # +0.0, positive subnormals (1 byte an item)
-    np.left_shift(t16, 1, out=t16)  # the sign dropped
-    np.right_shift(t16, shift, out=t16)
-    np.bitwise_or(t16, positive_small, out=t16)
-    if first:
-        np.copyto(out, t16, casting="unsafe")
-    else:
-        np.maximum(out, t16, out=out, casting="unsafe")
+    t = tmp.view(np.uint16)
+    top, other = t[: out.size], t[out.size : 2 * out.size]
+    if len(parts) > 1 and other.size < out.size:
+        other = np.empty_like(top)
+    np.left_shift(_top16(parts[0]), 1, out=top)  # the sign dropped
+    for x in parts[1:]:
+        np.left_shift(_top16(x), 1, out=other)
+        np.maximum(top, other, out=top)
+    np.right_shift(top, shift, out=top)
+    small = np.flatnonzero(top == 0)
+    if small.size:  # every addend zero or subnormal: 1 if one is positive (+0.0 included)
+        positive = np.zeros(small.size, bool)
+        for x in parts:
+            positive |= ~np.signbit(x[small])
+        top[small] = positive
+    np.copyto(out, top, casting="unsafe")
 
 
 # ------------------------------------------------------------ step 2: the words
@@ -146,19 +169,25 @@ def magic_tables(g: Grid) -> tuple[np.ndarray, np.ndarray]:
 
 
 def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
-    """m1, m2 per item from the agreed codes (the values of `magic_tables`), written as
-    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) over zeros; returns the
-    float64 items outside `FAST`, whose words `extremes` makes."""
+    """m1, m2 per item from the agreed codes (the values of `magic_tables`), made as
+    their 16 high bits (sign 0, exponent, mantissa 1.5: 0b1000) shifted over zeros;
+    returns the float64 items outside `FAST`, whose words `extremes` makes."""
     lo, hi = _range(g)
     t16 = tmp.view(np.uint16)[: code.size]
-    np.clip(code, lo, hi, out=t16, casting="unsafe")
+    inside = not code.size or lo <= code.min() and code.max() <= hi  # (mostly: no clip)
+    if inside:
+        np.copyto(t16, code, casting="unsafe")
+    else:
+        np.clip(code, lo, hi, out=t16, casting="unsafe")
     np.add(t16, 1076 - g.bias - g.B1, out=t16)  # m1's biased exponent: e - B1 + 52 + 1023
     np.left_shift(t16, 4, out=t16)
     np.bitwise_or(t16, 0b1000, out=t16)
-    for m, drop in ((m1, 0), (m2, g.B2)) if g.words == 2 else ((m1, 0),):
-        m.fill(0)
-        np.subtract(t16, drop << 4, out=_top16(m))  # m2 = m1·2^-B2: B2 less in the exponent
-    if g.words == 1:
+    bits = m1.view(np.int64)  # m1's 64 bits: those 16 on top of zeros
+    np.copyto(bits, t16, casting="unsafe")
+    np.left_shift(bits, 48, out=bits)
+    if g.words == 2:  # m2 = m1·2^-B2: B2 less in the exponent
+        np.subtract(bits, g.B2 << 52, out=m2.view(np.int64))
+    if g.words == 1 or inside:
         return np.zeros(0, np.intp)
     return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
 
