@@ -72,7 +72,8 @@ class Persistent:
             entry = p.call.entry  # (`_record`, inlined: every replayed start's path)
             if entry is not None:
                 entry[flight.REQUEST] = self.replay
-                p.call.state.flight.started()
+                if p.call.state.flight.agreeing is not None:
+                    p.call.state.flight.started()
             return
         rounds = p.algo(*p.args) if self.log is None else recording(p, self.log)
         self.request = Request(p.call.comm, rounds, p.tag, p.finish, p.stager)

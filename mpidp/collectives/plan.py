@@ -240,7 +240,8 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
-            call.state.flight.started()
+            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
+                call.state.flight.started()
         try:
             request = Request(call.comm, self.algo(*self.args), self.tag, self.completed,
                               self.stager, self.free)
@@ -257,7 +258,8 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
-            call.state.flight.started()
+            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
+                call.state.flight.started()
         try:
             run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free,
                 entry)

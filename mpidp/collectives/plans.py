@@ -146,7 +146,7 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
                     op.name, algorithm), setup)
     tag, blocks = call.tag(s.signed), s.blocks
-    hosts = locate(comm, call.state, "reduce_scatter", s.algo.name)
+    hosts = locate(comm, call.state, "reduce_scatter", s.algo.name) if s.algo.placed else None
     out = flat(recvbuf)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
@@ -204,7 +204,8 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
                     buf.dtype, algorithm), setup)
     tag = call.tag(s.signed)
-    algo = s.algo.bound(locate(comm, call.state, "allgather", s.algo.name))
+    algo = s.algo.bound(locate(comm, call.state, "allgather", s.algo.name)) if s.algo.placed \
+        else s.algo.rounds
     args = (comm, buf, s.blocks)
     if not (s.blocks.packed or s.algo.any_layout):  # my layout is mine alone: pack
         work = call.state.pool.take(buf, s.blocks.total)
