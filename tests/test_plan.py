@@ -220,7 +220,7 @@ def test_a_small_allreduce_enters_few_python_frames(no_debug_check):
             mpidp.allreduce(comm, *args)  # its cost model, which forgets the setups)
         entered = []
 
-        def count(frame, event, arg):
+        def count(frame, event, arg, entered=entered):
             if event == "call" and frame.f_code.co_filename != __file__:
                 entered.append(frame.f_code.co_name)
 
