@@ -56,7 +56,8 @@ class Persistent:
     def Start(self) -> None:  # noqa: N802
         if self.freed:
             raise RuntimeError("Start of a freed persistent collective")
-        if self._in_flight():
+        r = self.request
+        if r is not None and not r.done and r.error is None:  # `_in_flight`
             raise RuntimeError("Start of a persistent collective that is still active: "
                                "complete it (Wait) first")
         p = self.plan
@@ -68,7 +69,11 @@ class Persistent:
         if self.replay is not None:
             self.request = self.replay
             self.replay.start()
-            self._record()
+            entry = p.call.entry  # (`_record`, inlined: every replayed start's path)
+            if entry is not None:
+                entry[flight.REQUEST] = self.replay
+                if p.call.state.flight.agreeing is not None:
+                    p.call.state.flight.started()
             return
         rounds = p.algo(*p.args) if self.log is None else recording(p, self.log)
         self.request = Request(p.call.comm, rounds, p.tag, p.finish, p.stager)

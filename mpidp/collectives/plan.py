@@ -37,7 +37,7 @@ from .algorithms.ops import Op
 from .checks import agree, agree_total
 from .engine.driver import Request, run
 from .engine.staging import stager
-from .state import CommState, check_user_tag, signature, state
+from .state import check_user_tag, signature, state
 
 
 def planned(body: Callable[..., Plan], comm, *args, tag: int | None = None, debug: bool = False,
@@ -107,20 +107,23 @@ class Call:
         self.comm, self.persistent = comm, persistent
         self.debug = debug = debug_enabled(debug)
         self.starting = False
-        self.state: CommState = state(comm)
-        self.user_tag = None if tag is None else check_user_tag(tag)
-        self.slot = None if tag is not None else self.state.take()
-        rec = self.state.flight  # the flight recorder's entry (mpidp.flight), or None
+        self.state = st = state(comm)
+        if tag is None:
+            self.user_tag, self.slot = None, st.take()
+        else:
+            self.user_tag, self.slot = check_user_tag(tag), None
+        rec = st.flight  # the flight recorder (mpidp.flight), or None
         self.entry = None if rec is None else rec.add(
-            None if self.slot is None else self.state.started - 1)
-        if persistent and self.entry is not None:  # started many times, on one entry
-            self.entry[STATE] = flight.PERSISTENT
-        if persistent and self.slot is not None:
-            try:
-                self.state.hold(self.slot)
-            except RuntimeError:
-                self.state.release(self.slot)
-                raise
+            None if self.slot is None else st.started - 1)
+        if persistent:
+            if self.entry is not None:  # started many times, on one entry
+                self.entry[STATE] = flight.PERSISTENT
+            if self.slot is not None:
+                try:
+                    st.hold(self.slot)
+                except RuntimeError:
+                    st.release(self.slot)
+                    raise
         if debug and self.slot is not None:  # an explicit tag: concurrency is the user's
             try:
                 self.state.begin_start()
@@ -129,8 +132,9 @@ class Call:
                 raise
             self.starting = True
 
-    def setup(self, key: tuple, build):
-        """What the signature `key` determines: ``build()`` the first time, then remembered.
+    def setup(self, key: tuple, build, *args):
+        """What the signature `key` determines: ``build(*args)`` the first time, then
+        remembered.
 
         `key` must hold every argument that `build` reads (the collective, counts,
         dtype, op name, requested algorithm, root), so that ranks making the same
@@ -141,9 +145,9 @@ class Call:
         try:
             found = setups.get(key)
         except TypeError:  # an unhashable argument: build() says what is wrong with it
-            return build()
+            return build(*args)
         if found is None:
-            found = setups.remember(key, build())
+            found = setups.remember(key, build(*args))
         return found
 
     def agree(self, collective: str, **described) -> None:
@@ -236,7 +240,8 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
-            call.state.flight.started()
+            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
+                call.state.flight.started()
         try:
             request = Request(call.comm, self.algo(*self.args), self.tag, self.completed,
                               self.stager, self.free)
@@ -253,7 +258,8 @@ class Plan:
         call, entry = self.call, self.call.entry
         if entry is not None:
             entry[STATE] = STARTED
-            call.state.flight.started()
+            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
+                call.state.flight.started()
         try:
             run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free,
                 entry)

@@ -55,31 +55,35 @@ def plan_allreduce(call: Call, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "a
         return exact.plan_exact(call, [buf if send is None else flat(send)], buf, op,
                                 algorithm, comm.Get_size())
     op = SUM if op.exact else op
-
-    def setup() -> Setup:
-        name = choose(comm, "allreduce", buf.nbytes, algorithm)
-        blocks = Blocks.even(buf.size, comm.Get_size())
-        found = entry("allreduce", name)
-        return Setup(signed("allreduce", buf.size, buf.dtype, op, name), found, blocks,
-                     found.scratch(blocks))
-
     if call.debug:  # the arguments as passed, before auto's (collective) set-up
         check_algorithm("allreduce", algorithm)
         call.agree("allreduce", count=buf.size, dtype=buf.dtype, op=op.name, algorithm=algorithm)
-    s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), setup)
+    s = call.setup(("allreduce", buf.size, buf.dtype, op.name, algorithm), _allreduce_setup,
+                   comm, buf, op, algorithm)
     tag = call.tag(s.signed)
-    algo = s.algo.bound(locate(comm, call.state, "allreduce", s.algo.name))
-    if send is not None and comm.Get_size() == 1:  # one rank: no round will write recvbuf
-        return Plan(call, copy_rounds, (buf, flat(send)), tag)
+    algo = s.algo.bound(locate(comm, call.state, "allreduce", s.algo.name)) if s.algo.placed \
+        else s.algo.rounds  # one that reads no placement needs no look-up (most)
+    src = None if send is None else flat(send)
+    if src is not None and comm.Get_size() == 1:  # one rank: no round will write recvbuf
+        return Plan(call, copy_rounds, (buf, src), tag)
     if buf.size == 0:
         return Plan(call, no_rounds, (), tag)
     # out of place, the algorithms read sendbuf where it is (no copy first)
-    src = None if send is None else flat(send)
     if op is AVG and buf.dtype.kind == "f" and buf.itemsize == 2:
         return _wide_average(call, algo, buf, src, s, tag)
     tmp = call.state.pool.take(buf, s.scratch)
     return Plan(call, algo, (comm, buf, s.blocks, op, tmp, src), tag, None, (tmp,), buf,
                 s.algo, src)
+
+
+def _allreduce_setup(comm, buf, op, algorithm: str) -> Setup:
+    """What an all-reduce's signature determines (`plan.Call.setup`): the key holds the
+    size, dtype, op name and algorithm read here."""
+    name = choose(comm, "allreduce", buf.nbytes, algorithm)
+    blocks = Blocks.even(buf.size, comm.Get_size())
+    found = entry("allreduce", name)
+    return Setup(signed("allreduce", buf.size, buf.dtype, op, name), found, blocks,
+                 found.scratch(blocks))
 
 
 def _wide_average(call: Call, algo, buf, src, s: Setup, tag: int) -> Plan:
@@ -142,7 +146,7 @@ def plan_reduce_scatter(call: Call, sendbuf, recvbuf, recvcounts=None, op=MPI.SU
     s = call.setup(("reduce_scatter", in_place, full.size, recvbuf.size, counts, full.dtype,
                     op.name, algorithm), setup)
     tag, blocks = call.tag(s.signed), s.blocks
-    hosts = locate(comm, call.state, "reduce_scatter", s.algo.name)
+    hosts = locate(comm, call.state, "reduce_scatter", s.algo.name) if s.algo.placed else None
     out = flat(recvbuf)[: blocks.counts[rank]]
     if in_place and n == 1:  # the vector is its own result, where it is
         return Plan(call, no_rounds, (), tag)
@@ -200,7 +204,8 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
     s = call.setup(("allgather", None if in_place else sendbuf.size, buf.size, counts, offsets,
                     buf.dtype, algorithm), setup)
     tag = call.tag(s.signed)
-    algo = s.algo.bound(locate(comm, call.state, "allgather", s.algo.name))
+    algo = s.algo.bound(locate(comm, call.state, "allgather", s.algo.name)) if s.algo.placed \
+        else s.algo.rounds
     args = (comm, buf, s.blocks)
     if not (s.blocks.packed or s.algo.any_layout):  # my layout is mine alone: pack
         work = call.state.pool.take(buf, s.blocks.total)

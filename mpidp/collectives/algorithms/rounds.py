@@ -87,6 +87,6 @@ class Group:
 def remap(rounds: Rounds, peers) -> Rounds:
     """The rounds of a loop among some ranks only, each message to peer p sent to
     ``peers[p]``, the real rank that plays p (a sub-group; the main loop of a fold)."""
-    if all(p == i for i, p in enumerate(peers)):  # the group is ranks 0, 1, ...: as they are
+    if tuple(peers) == tuple(range(len(peers))):  # the group is ranks 0, 1, ...: as they are
         return rounds
     return ([type(m)(m.buf, peers[m.peer]) for m in round_] for round_ in rounds)

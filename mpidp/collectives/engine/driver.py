@@ -42,6 +42,8 @@ from . import completion
 from .completion import Polled, default_timeout, waitall
 from .staging import Stager, msg
 
+BYTE = MPI.BYTE
+
 
 def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) -> list:
     """Post every message of a round, receives first; return the requests.
@@ -56,7 +58,8 @@ def post(comm, round_: Round, tag: int, fill: Callable[[], None] | None = None) 
 
 
 def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> None:
-    """Complete one round, blocking, with the fewest MPI calls."""
+    """Complete one round, blocking, with the fewest MPI calls: a send and a receive as
+    one ``Sendrecv``, a lone message as ``Send`` or ``Recv`` (an MPI communicator's)."""
     fill = finish = None
     if stager is not None:
         round_, fill, finish = stager(round_)
@@ -64,7 +67,16 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
         if fill is not None:
             fill()
         send, recv = round_ if type(round_[0]) is Send else round_[::-1]
-        comm.Sendrecv(msg(send.buf), send.peer, tag, msg(recv.buf), recv.peer, tag)
+        # (`msg`'s spec, spelled out: this line runs in every round of a small collective)
+        comm.Sendrecv([send.buf, BYTE], send.peer, tag, [recv.buf, BYTE], recv.peer, tag)
+    elif len(round_) == 1 and isinstance(comm, MPI.Comm):  # (a comm-like may have no Send)
+        if fill is not None:
+            fill()
+        m = round_[0]
+        if type(m) is Send:
+            comm.Send([m.buf, BYTE], m.peer, tag)
+        else:
+            comm.Recv([m.buf, BYTE], m.peer, tag)
     elif round_:
         MPI.Request.Waitall(post(comm, round_, tag, fill))
     if finish is not None:

@@ -131,7 +131,8 @@ class Replay(Polled):
         with self._lock:  # under the lock: a progress thread may be testing it
             self.done, self._active, self._step, self.rounds = False, True, -1, 0
             self.error = None
-            self._reduce(self.pre)
+            if self.pre:
+                self._reduce(self.pre)
             self._next()
 
     def _reduce(self, reductions: list) -> None:
@@ -161,8 +162,11 @@ class Replay(Polled):
 
     def _advance(self) -> None:
         """The round is complete: its reductions, then the next round."""
-        self._check_failed()
-        self._reduce(self.steps[self._step][1])
+        if self.error is not None:
+            self._check_failed()  # raises
+        reductions = self.steps[self._step][1]
+        if reductions:
+            self._reduce(reductions)
         self._next()
 
     def free(self) -> None:

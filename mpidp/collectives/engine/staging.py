@@ -200,7 +200,7 @@ class Stager:
 def stager(buf, pool: ScratchPool) -> Stager | None:
     """What a collective on `buf` needs, decided once per call: None for NumPy buffers
     (nothing to sync or stage: the common case), else a `Stager`."""
-    mode = staging_mode()
+    mode = _staging or staging_mode()  # (the mode as kept, without a call: every call's path)
     if mode != "all" and type(buf) is np.ndarray:
         return None
     return Stager(mode, pool)
@@ -247,8 +247,12 @@ class ScratchPool:
         return host
 
     def give(self, arr) -> None:
-        key = (self._host_keys and self._host_keys.pop(id(arr), None)) or _key(arr, arr.size)
-        free = self._free.setdefault(key, [])
+        key = self._host_keys and self._host_keys.pop(id(arr), None)
+        if not key:
+            key = (arr.dtype, arr.size) if type(arr) is np.ndarray else _key(arr, arr.size)
+        free = self._free.get(key)
+        if free is None:
+            free = self._free.setdefault(key, [])
         if len(free) < self.keep:
             free.append(arr)
 
