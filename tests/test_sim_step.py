@@ -174,21 +174,6 @@ def mlp_profile(tmp_path_factory):
     return path
 
 
-def test_a_profile_holds_the_heap_steady_while_it_measures(monkeypatch):
-    """glibc's trim and mmap of the step's temporaries made a small process's GPT 1.7-2x
-    slower than a trainer's: measure() asks for a steady heap first (glibc: granted)."""
-    from mpidp.sim import profile
-
-    asked = []
-    monkeypatch.setattr(profile, "steady_heap", lambda: asked.append(True) or True)
-    measure("mlp", [8, 4, 2], 2, repeats=1)
-    assert asked == [True]
-    monkeypatch.undo()
-    import platform
-    if platform.libc_ver()[0] == "glibc":
-        assert profile.steady_heap()
-
-
 def test_a_profile_is_read_back_checked(mlp_profile, tmp_path):
     got = read(mlp_profile)
     assert [u["unit"] for u in got["units"]] == [1, 2, 3]

@@ -10,17 +10,10 @@ one unit's. The median over ``--repeats`` runs (after one warm-up) is kept, with
 optimizer's update and the gradient bytes of each unit (which `sim step` checks
 against the model its flags describe). The file is written by `mpidp.files` and read
 back by `read` through `mpidp.untrusted`, schema-checked.
-
-The heap is held steady while it measures (`steady_heap`): in a small process glibc
-hands the step's large temporaries back to the system after each use and faults them
-in again at the next, which made the GPT's units 1.7-2x slower here than in a
-trainer's or a benchmark's process (docs/simulator.md).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import platform
 import statistics
@@ -85,27 +78,10 @@ def optimizer(name: str, m):
     return OPTIMIZERS[name](m.params, m.grads, 1e-3, (0.9, 0.999), 1e-8, 1e-4)
 
 
-def steady_heap() -> bool:
-    """Keep freed memory in glibc's heap (no trim, no mmap below 32 MiB) for the rest of
-    this process, as a trainer's heap, full of its data, behaves; False where not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
-    if mallopt is None:
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
-
-
 def measure(model: str, shape: list[int], batch: int, dtype: str = "float32",
             optimizer_name: str = "sgd", repeats: int = 5, activation: str = "relu") -> dict:
     """Time each unit's forward and backward on `batch` samples (median of `repeats`),
-    on one BLAS thread (a rank's share of the cores, as the trainers' default), the heap
-    held steady (`steady_heap`)."""
-    steady_heap()
+    on one BLAS thread (a rank's share of the cores, as the trainers' default)."""
     with blas_threads(1):
         return _measure(model, shape, batch, dtype, optimizer_name, repeats, activation)
 
