@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from mpidp import files, untrusted
+from mpidp.sim.measured import vocab
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(HERE, "examples", "train_gpt.py")
@@ -86,7 +87,8 @@ def predict(args, rates: list[str], hook_names: list[str]) -> dict:
     """(rate, hook) -> `sim step`'s predicted step ms: 2 hosts x 1 rank, the same model, its
     compute profiled once (`sim profile`, a rank's batch)."""
     out, profile = {}, os.path.join(args.out, "predicted-profile.json")
-    model = ["--model", "gpt", "--context", str(args.context), *shared(args.trainer, MODEL)]
+    model = ["--model", "gpt", "--vocab", str(vocab()), "--context", str(args.context),
+             *shared(args.trainer, MODEL)]  # the trainer's corpus: its byte vocabulary
     cmd = [sys.executable, "-m", "mpidp.sim", "profile", *model, "--batch",
            str(max(1, args.global_batch // 2)), "-o", profile]
     print(" ".join(cmd), flush=True)
