@@ -279,6 +279,11 @@ def test_two_blas_threads_mkl_without_cbwr_and_gpu_arrays_are_refused(monkeypatc
      "micro-batch 5 does not divide the per-rank batch 64"),
 ])
 def test_the_trainers_flags_are_checked_before_training(argv, words, capsys, tmp_path):
+    refused_before_training(argv, words, capsys, tmp_path)
+
+
+def refused_before_training(argv, words: str, capsys, tmp_path) -> None:
+    """train_mlp.py with `argv` exits 2 with one line holding `words`, before it writes."""
     ck = tmp_path / "ck.npz"
     try:  # a bad flag returns 2; a problem found by every rank together exits with 2
         code = trainer().main([*argv, "--progress", "never", "--data", "synthetic",

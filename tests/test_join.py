@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from helpers.subcomms import on_each_size
 from mpi4py import MPI
-from test_checkpoint import trainer as mlp_trainer
-from test_determinism import gpt_trainer, run_trainer
+from test_determinism import gpt_trainer, refused_before_training, run_trainer
 from threadpoolctl import threadpool_limits
 
 from mpidp import watchdog
@@ -285,15 +284,6 @@ def test_the_trainers_run_uneven_shards_to_the_end(mpi_ranks, shared_dir):
     (["--uneven", "--comm-hook", "bf16", "--dtype", "float32"], "--comm-hook bf16 with --uneven"),
 ])
 def test_the_trainers_new_flags_are_checked_before_training(argv, words, capsys, tmp_path):
-    ck = tmp_path / "ck.npz"
-    try:  # a bad flag returns 2; a problem found by every rank together exits with 2
-        code = mlp_trainer().main([*argv, "--progress", "never", "--data", "synthetic",
-                                   "--checkpoint", str(ck)])
-    except SystemExit as e:
-        code = e.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert words in err and len(err.splitlines()) == 1, err
-    assert not ck.exists()
+    refused_before_training(argv, words, capsys, tmp_path)
     args = gpt_trainer().parse_args(["--uneven", "--clip-grad", "2.5"])
     assert args.uneven and args.clip_grad == 2.5
