@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_sim_step import step
 
-from mpidp.sim import hookstep, stepcli
+from mpidp.sim import hookstep
 from mpidp.sim.profile import measure, write
 from mpidp.sim.step import Net, choose
 from mpidp.training import MLP
@@ -64,19 +65,6 @@ def test_local_work_is_measured_on_the_models_buckets():
     assert all(len(v) == 2 and all(t > 0 for t in v) for k, v in local.items() if k != "none")
 
 
-@pytest.fixture(scope="module")
-def mlp_profile(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("profile") / "mlp.json")
-    write(path, measure("mlp", [64, 128, 64, 10], 16, repeats=1))
-    return path
-
-
-def step(argv, capsys):
-    code = stepcli.main(["step", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("argv,says", [
     (["--comm-hook", "fp8"], "--comm-hook: 'fp8'"),
     (["--comm-hook", "none,powersgd:0"], "'powersgd:0'"),
@@ -85,6 +73,13 @@ def step(argv, capsys):
 def test_a_bad_hook_is_one_line_and_exit_code_2(argv, says, capsys):
     code, out, err = step(argv, capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err
+
+
+@pytest.fixture(scope="module")
+def mlp_profile(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("profile") / "mlp.json")
+    write(path, measure("mlp", [64, 128, 64, 10], 16, repeats=1))
+    return path
 
 
 def test_a_row_per_hook_and_the_rate_each_pays_below(mlp_profile, tmp_path, capsys):
