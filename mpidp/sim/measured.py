@@ -23,6 +23,8 @@ import tempfile
 
 from mpidp import untrusted
 
+from .profile import read
+
 BENCH = untrusted.Record({"modes": untrusted.Record({
     m: untrusted.Record({"step_ms": untrusted.Num(0), "backward_ms": untrusted.Num(0),
                          "exposed_comm_ms": untrusted.Num(0)})
@@ -73,7 +75,6 @@ def compare(bench_json: str, step_json: dict[str, str]) -> list[tuple]:
 
 def backward_ms(profile: str) -> float:
     """The profile's backward, all units (ms): what `sim step` takes a backward to last."""
-    from .profile import read
     return 1e3 * sum(u["backward_s"] for u in read(profile)["units"])
 
 

@@ -27,7 +27,7 @@ its own).
 
 from __future__ import annotations
 
-from .step import Net, choose
+from .step import HALVES, Net, choose
 
 
 class Link:
@@ -59,8 +59,7 @@ def predict(units: list[tuple[int, float, float]], needs: dict[int, list[int]],
     """
     cache = {} if cache is None else cache
     ppn = 0 if ppn >= N else ppn
-    names = {"ring": ("ring", "ring"), "rabenseifner": ("recursive_halving", "recursive_doubling")}
-    scatter, gather = names.get(algorithm, ("ring", "ring"))
+    scatter, gather = HALVES.get(algorithm, HALVES["ring"])  # auto: the ring, as step.py
     fwd = {i: f for i, f, _ in units}
     bwd = {i: b for i, _, b in units}
     U = max(fwd)
