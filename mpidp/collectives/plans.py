@@ -211,6 +211,8 @@ def plan_allgather(call: Call, sendbuf, recvbuf, recvcounts=None, displs=None,
         work = call.state.pool.take(buf, s.blocks.total)
         mine = s.blocks.view(buf, rank) if in_place else flat(sendbuf)
         return Plan(call, through_packed, (algo, *args, work, mine), tag, None, (work,), buf)
+    if not in_place and s.algo.takes_src:  # it sends my block from sendbuf, then places it
+        return Plan(call, algo, (*args, flat(sendbuf)), tag, None, (), buf)
     if not in_place:  # this rank's block to its place in recvbuf, at every run
         args = (s.blocks.view(buf, rank), flat(sendbuf), algo, *args)
         return Plan(call, copy_rounds, args, tag, None, (), buf)

@@ -26,7 +26,8 @@ class Algorithm(NamedTuple):
     Attributes:
         rounds: the generator of rounds, with the signature of its collective's
             (docs/simulator.md): all-reduce and reduce-scatter
-            ``(comm, buf, blocks, op, tmp, src=None)``, all-gather ``(comm, buf, blocks)``,
+            ``(comm, buf, blocks, op, tmp, src=None)``, all-gather ``(comm, buf, blocks)``
+            (``src=None`` after them if `takes_src`),
             broadcast ``(comm, buf, root)``; ``hosts=`` after them if `placed`.
         cost: ``cost(N, G, hosts=None) -> rounds.Cost``, the rounds, bytes and reduced
             bytes of a call on G bytes and N ranks: its module docstring's cost line.
@@ -37,6 +38,9 @@ class Algorithm(NamedTuple):
             ``"in place"``: only when `src` is None (out of place it copies the input).
         any_layout: (all-gather) it sends one block per message, so it runs in any rank's
             own layout; the others run on a packed copy where a layout is not packed.
+        takes_src: (all-gather) out of place, it takes this rank's block as ``src`` and
+            puts it in its place itself (after sending it from ``src``); the others get
+            it copied into ``buf`` before their first round.
     """
 
     collective: str
@@ -47,6 +51,7 @@ class Algorithm(NamedTuple):
     placed: bool = False
     replayable: bool | str = True
     any_layout: bool = False
+    takes_src: bool = False
 
     def bound(self, hosts):
         """The generator to run on a comm of placement `hosts`: `rounds`, the placement
@@ -122,7 +127,7 @@ for _entry in (
     Algorithm("reduce_scatter", "recursive_halving", halving.recursive_halving_reduce_scatter,
               halving.recursive_halving_cost, halving.halving_scratch, placed=True),
     Algorithm("allgather", "ring", ring.ring_allgather, ring.ring_allgather_cost,
-              any_layout=True),
+              any_layout=True, takes_src=True),
     Algorithm("allgather", "recursive_doubling", halving.recursive_doubling_allgather,
               halving.recursive_doubling_allgather_cost, placed=True),
     Algorithm("bcast", "binomial", tree.binomial_bcast, tree.binomial_cost),
