@@ -211,6 +211,37 @@ def test_nearest_rounds_a_fraction_once():
     assert nearest(-Fraction(1, 3), np.float64) == -1 / 3
 
 
+@pytest.mark.parametrize("dtype", ["<f2", ">f2", "<f4", ">f4"])
+@pytest.mark.parametrize("n", [2, 3, 8, 24])
+def test_one_word_mean_is_rounded_once_at_midpoints_ties_and_the_ends(dtype, n):
+    """`averaging.mean` with one word (float16, float32) against the oracle, on sums W1
+    made to land on the dtype's midpoints: q = W1/n a midpoint that is not the mean
+    (rounding twice would err), a true tie (to even), next to them, subnormal results,
+    and the range's end (max, the overflow threshold); plus random sums."""
+    from mpidp.collectives.algorithms.averaging import mean
+
+    dt = np.dtype(dtype)
+    info = np.finfo(dt)
+    rng = np.random.default_rng([n, dt.itemsize])
+    a = (rng.integers(1, 2 ** (info.nmant + 1), 64) * 2.0 ** -info.nmant).astype(dt)
+    a = a.astype(np.float64) * 2.0 ** rng.integers(-4, 5, 64)
+    mid = a + np.spacing(a.astype(dt)).astype(np.float64) / 2  # midpoints of the dtype
+    tiny, big = float(info.tiny), float(info.max)
+    top = big + (big - float(np.nextafter(info.max, dt.type(0)))) / 2  # the overflow threshold
+    ends = np.array([tiny / 3, tiny * 0.75, -tiny / 5, float(info.smallest_subnormal) / 2,
+                     big, top, -top, big * 0.999])
+    w1 = np.concatenate([
+        mid * n,  # q a true tie
+        np.nextafter(mid * n, np.inf), np.nextafter(mid * n, -np.inf),  # near a tie
+        -mid * n, ends * n, np.nextafter(ends * n, np.inf),
+        rng.standard_normal(300) * 2.0 ** rng.integers(-20, 20, 300), [0.0, -0.0]])
+    out = np.empty(w1.size, dt)
+    mean(w1, None, out, n, lambda i: Fraction(float(w1[i])))
+    for i, w in enumerate(w1):
+        want = rounded(Fraction(float(w)) / n, dt)
+        assert float(out[i]) == want, (i, float(w), n, float(out[i]), want)
+
+
 # ------------------------------------------------------------ property tests (item 12)
 
 from hypothesis import given, settings  # noqa: E402

@@ -7,7 +7,11 @@ hold V exactly (prerounding.py), so the mean is taken from them:
 - one word (float16, float32): W1 is V, a float64. q = fl64(W1/n), then the
   rounding to the dtype. Rounding twice errs only where q is exactly a midpoint
   of the dtype (every such midpoint is a float64, and rounding is monotonic):
-  those items, and only they, are decided exactly (`nearest`).
+  those items, and only they, are decided exactly (`nearest`). In the normal
+  range a midpoint is a bit pattern (the float64 bits below the dtype's last
+  are 1, then zeros): a mask and a compare find them, a dozen passes over the
+  items in all; only q of subnormal results and past the range's end takes the
+  test through q's neighbours (`_one_word_edge`).
 - two words (float64): V = s + t exactly (TwoSum of W1, W2), q = fl(s/n), and
   the remainder R = V - q·n (q split in halves of 26 bits, so hi·n and lo·n are
   exact; s - hi·n is exact too, both being close). The mean is q, or its
@@ -78,6 +82,32 @@ def _split(q):
 
 
 def _one_word(w1, out, n: int):
+    """out = fl(q), q = fl64(W1/n); the items in doubt: q a midpoint of out's dtype that is
+    not the exact mean (q·n != W1), and (`_one_word_edge`) the range's ends.
+
+    A midpoint in the normal range is a float64 whose bits below the dtype's last are
+    1 then zeros: one mask and one compare find them; only those few are tested further.
+    """
+    q = w1 / n
+    np.copyto(out, q, casting="same_kind")
+    info = np.finfo(out.dtype)
+    below = 52 - int(info.nmant)  # float64 mantissa bits under the dtype's last one
+    doubt = (q.view(np.int64) & ((1 << below) - 1)) == (1 << (below - 1))
+    mag = np.abs(q)
+    doubt &= (mag >= info.tiny) & (mag <= info.max)  # finite, the normal range
+    tie = np.flatnonzero(doubt)
+    if tie.size:
+        hi, lo = _split(q[tie])
+        doubt[tie] = (w1[tie] - hi * n) != lo * n  # q·n != W1: the tie q is not the exact mean
+    edge = np.flatnonzero(((mag < info.tiny) & (q != 0)) | (mag > info.max))
+    if edge.size:  # subnormal results and the range's end: the whole test, on them alone
+        part = out[edge]
+        doubt[edge] = _one_word_edge(w1[edge], part, n)
+    return doubt
+
+
+def _one_word_edge(w1, out, n: int):
+    """`_one_word`'s doubt from q's neighbours in the dtype (any q; used at the range's ends)."""
     q = w1 / n
     np.copyto(out, q, casting="same_kind")
     r64 = out.astype(np.float64)

@@ -1,0 +1,144 @@
+"""Where `--deterministic`'s step time goes, against the default step (issue 38, item 4).
+
+    mpiexec -n 2 .venv/bin/python tools/determ_step.py mlp --steps 40
+    mpiexec -n 2 .venv/bin/python tools/determ_step.py gpt --steps 40
+
+Builds the trainer's model twice at its default settings (examples/train_mlp.py,
+examples/train_gpt.py: their parsers' defaults), one `DataParallel` default and one
+deterministic, and runs their steps in turn (default, deterministic, default, ...) on
+the same batches. Each deterministic step is cut into: ``compute`` (forwards, losses
+and backwards of the K micro-shards, less what follows), ``keep`` (the parts' copies,
+`determinism.keep_apart`), ``start`` (starting the exact sums, `determinism.exact`),
+``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`), ``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
+Prints rank 0's medians (ms) and the ratio of the medians of the whole steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+from mpidp import collectives  # noqa: E402
+from mpidp.training import reducers, trainer  # noqa: E402
+
+TIMES: dict[str, float] = {}
+
+
+def timed(key, fn):
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            TIMES[key] = TIMES.get(key, 0.0) + time.perf_counter() - t0
+    return wrapper
+
+
+reducers.keep_apart = timed("keep", reducers.keep_apart)
+reducers.exact = timed("start", reducers.exact)
+collectives.testall = timed("progress", collectives.testall)  # ddp's calls: the sums' rounds
+
+
+def setup(which: str, comm, deterministic: bool):
+    import train_gpt
+    import train_mlp
+
+    from mpidp.training import GPT, MLP, data
+    from mpidp.training.gpt import token_cross_entropy
+    from mpidp.training.mlp import softmax_cross_entropy
+
+    mod = train_mlp if which == "mlp" else train_gpt
+    args = mod.parse_args(["--deterministic"] if deterministic else [])
+    trainer.blas_threads(1)
+    size = comm.Get_size()
+    A = trainer.micro_batches(args, size)
+    b = args.global_batch // size // A
+    rng = np.random.default_rng(0)
+    if which == "mlp":
+        ds = data.digits(seed=args.seed)
+        trainer.blas_threads(1)
+        model = MLP([ds.features, *args.hidden, ds.classes], args.activation, args.dtype,
+                    seed=args.seed)
+        x_all, y_all = ds.x_train.astype(args.dtype), ds.y_train
+
+        def batch(step, a):
+            idx = rng.integers(0, len(y_all), b)
+            return x_all[idx], y_all[idx]
+        loss_fn = softmax_cross_entropy
+    else:
+        text = data.stdlib_text(int(args.corpus_mb * (1 << 20)))
+        model = GPT(len(text.vocab), args.context, args.layers, args.heads, args.width,
+                    args.dtype, seed=args.seed)
+        n = data.sequences(text.train, args.context)
+
+        def batch(step, a):
+            return data.batch(text.train, rng.integers(0, n, b), args.context)
+        loss_fn = token_cross_entropy
+    opt = trainer.make_optimizer(args, model)
+    ddp = trainer.data_parallel(args, model, comm, opt, None)
+    return args, ddp, A, batch, loss_fn
+
+
+def step(ddp, A, batches, loss_fn, deterministic):
+    TIMES.clear()
+    t0 = time.perf_counter()
+    for a, (x, y) in enumerate(batches):
+        with ddp.no_sync() if a < A - 1 else nullcontext():
+            logits = ddp.forward(x)
+            loss, dlogits = loss_fn(logits, y)
+            if A > 1 and not deterministic:
+                dlogits /= A
+            ddp.backward(dlogits)
+    wait = ddp.timings["exposed_comm"]
+    t1 = time.perf_counter()
+    ddp.step()
+    t2 = time.perf_counter()
+    out = {"step": t2 - t0, "opt": t2 - t1, "wait": wait, **TIMES}
+    out["compute"] = (t1 - t0) - wait - sum(TIMES.values())
+    return out
+
+
+def main():
+    from mpi4py import MPI
+    p = argparse.ArgumentParser()
+    p.add_argument("which", choices=["mlp", "gpt"])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    a = p.parse_args()
+    comm = MPI.COMM_WORLD
+    runs = {False: setup(a.which, comm, False), True: setup(a.which, comm, True)}
+    rows = {False: [], True: []}
+    for s in range(a.warmup + a.steps):
+        for det in (False, True):
+            args, ddp, A, batch, loss_fn = runs[det]
+            batches = [batch(s, k) for k in range(A)]
+            comm.Barrier()
+            r = step(ddp, A, batches, loss_fn, det)
+            if s >= a.warmup:
+                rows[det].append(r)
+    if comm.Get_rank() == 0:
+        load = os.getloadavg()[0]
+        for det in (False, True):
+            args, ddp, A, _, _ = runs[det]
+            keys = ["step", "compute", "keep", "start", "progress", "wait", "opt"]
+            med = {k: statistics.median(r.get(k, 0.0) for r in rows[det]) * 1e3 for k in keys}
+            name = "deterministic" if det else "default"
+            print(f"{a.which} {name:13s} A={A} " + " ".join(f"{k} {v:.3f}" for k, v in
+                                                           med.items()))
+        ratio = (statistics.median(r["step"] for r in rows[True])
+                 / statistics.median(r["step"] for r in rows[False]))
+        print(f"{a.which} ratio {ratio:.2f}x  load {load:.2f}")
+    for det in (False, True):
+        runs[det][1].close()
+
+
+if __name__ == "__main__":
+    main()
