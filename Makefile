@@ -116,21 +116,28 @@ torch: $(STAMP)
 # `make torch-bench` (on a quiet machine): samples/s of DDP on mpidp vs gloo in the same job,
 # and the overlap efficiency, for the default model and one with >= 8 MiB of gradients: on
 # 2 ranks of this host, then across 2 emulated hosts x 1 rank at 1 Gbit/s (mpidp.cluster:
-# root, ip, tc). Rows in docs/bench/torch/*.json; docs/torch.md's table is filled from them.
+# root, ip, tc). Three jobs a row (TORCH_JOBS), each the medians of 3 rounds, in turns; their
+# rows in docs/bench/torch/*-rJ.json; tools/torch_table prints docs/torch.md's table (medians).
 TORCH_DATA  := docs/bench/torch
 TORCH_BIG   := --width 256 --layers 3
 # gloo takes its address from the host name, which an emulated host resolves to 127.0.0.1
 # (its peers are refused): on the host's link instead (mpidp.cluster's IFACE)
 GLOO_ON_LINK := /usr/bin/env GLOO_SOCKET_IFNAME=mpidp0
+TORCH_JOBS  ?= 1 2 3
 torch-bench: $(STAMP)
 	mkdir -p $(TORCH_DATA)
-	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py --json $(TORCH_DATA)/n2-default.json
-	$(MPIEXEC) -n 2 $(PY) examples/bench_torch.py $(TORCH_BIG) --json $(TORCH_DATA)/n2-big.json
-	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
-	  $(abspath examples/bench_torch.py) --json $(abspath $(TORCH_DATA))/hosts2-default.json
-	$(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
-	  $(abspath examples/bench_torch.py) $(TORCH_BIG) \
-	  --json $(abspath $(TORCH_DATA))/hosts2-big.json
+	rm -f $(TORCH_DATA)/*.json
+	for r in $(TORCH_JOBS); do \
+	  $(MPIEXEC) -n 2 $(PY) examples/bench_torch.py --json $(TORCH_DATA)/n2-default-r$$r.json && \
+	  $(MPIEXEC) -n 2 $(PY) examples/bench_torch.py $(TORCH_BIG) \
+	    --json $(TORCH_DATA)/n2-big-r$$r.json && \
+	  $(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
+	    $(abspath examples/bench_torch.py) --json $(abspath $(TORCH_DATA))/hosts2-default-r$$r.json && \
+	  $(PY) -m mpidp.cluster run --hosts 2 --rate 1gbit -- $(GLOO_ON_LINK) $(abspath $(PY)) \
+	    $(abspath examples/bench_torch.py) $(TORCH_BIG) \
+	    --json $(abspath $(TORCH_DATA))/hosts2-big-r$$r.json || exit 1; \
+	done
+	$(PY) -m tools.torch_table $(TORCH_DATA)
 
 # `make hooks-bench` (root, ip, tc; on a quiet machine): issue 37's "does compression pay?":
 # examples/train_gpt.py across 2 emulated hosts at each rate, each --comm-hook and none,

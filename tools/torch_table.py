@@ -1,0 +1,64 @@
+"""docs/torch.md's speed table from `make torch-bench`'s jobs: the medians over jobs.
+
+    python -m tools.torch_table docs/bench/torch
+
+Each job (`examples/bench_torch.py --json`, a file ROW-rJ.json) holds one setting's
+rows, the medians of its rounds; a row of the table is the median over its jobs of
+mpidp's and gloo's overlapped samples/s, their ratio and mpidp's overlap efficiency,
+with the jobs' loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+
+ROWS = {"n2-default": ("2 ranks, one host", "default"),
+        "n2-big": ("2 ranks, one host", "9.3 MiB"),
+        "hosts2-default": ("2 hosts x 1 rank, 1 Gbit/s", "default"),
+        "hosts2-big": ("2 hosts x 1 rank, 1 Gbit/s", "9.3 MiB")}
+
+
+def job_figures(job: dict) -> dict:
+    """One job's overlapped samples/s per backend, their ratio, mpidp's efficiency."""
+    over = {r["backend"]: r for r in job["rows"] if r["mode"] == "overlap"}
+    return {"gloo": over["gloo"]["samples_per_s"], "mpidp": over["mpidp"]["samples_per_s"],
+            "ratio": over["mpidp"]["samples_per_s"] / over["gloo"]["samples_per_s"],
+            "efficiency": over["mpidp"]["efficiency"],
+            "gloo_efficiency": over["gloo"]["efficiency"], "load": job["load"]}
+
+
+def table(folder: str) -> list[str]:
+    by_row: dict[str, list[dict]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*-r*.json"))):
+        m = re.fullmatch(r"(.+)-r\d+\.json", os.path.basename(path))
+        with open(path) as f:
+            by_row.setdefault(m.group(1), []).append(job_figures(json.load(f)))
+    lines = ["| setting | model | gloo samples/s | mpidp samples/s | mpidp / gloo (jobs) "
+             "| efficiency mpidp (gloo) | load |", "|---|---|---|---|---|---|---|"]
+    for key, (setting, model) in ROWS.items():
+        jobs = by_row.get(key)
+        if not jobs:
+            continue
+        med = {k: statistics.median(j[k] for j in jobs) for k in jobs[0]}
+        each = ", ".join(f"{j['ratio']:.2f}" for j in jobs)
+        loads = f"{min(j['load'] for j in jobs):.1f}-{max(j['load'] for j in jobs):.1f}"
+        lines.append(f"| {setting} | {model} | {med['gloo']:.1f} | {med['mpidp']:.1f} | "
+                     f"{med['ratio']:.2f}x ({each}) | {med['efficiency']:.2f} "
+                     f"({med['gloo_efficiency']:.2f}) | {loads} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.torch_table", description=__doc__)
+    p.add_argument("folder")
+    print("\n".join(table(p.parse_args(argv).folder)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
