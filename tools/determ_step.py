@@ -9,7 +9,8 @@ deterministic, and runs their steps in turn (default, deterministic, default, ..
 the same batches. Each deterministic step is cut into: ``compute`` (forwards, losses
 and backwards of the K micro-shards, less what follows), ``keep`` (the parts' copies,
 `determinism.keep_apart`), ``start`` (starting the exact sums, `determinism.exact`),
-``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`), ``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
+``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`),
+``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
 Prints rank 0's medians (ms) and the ratio of the medians of the whole steps.
 """
 
