@@ -71,3 +71,23 @@ def test_torch_table_takes_the_median_over_jobs(tmp_path):
     assert len(lines) == 3  # the header, its rule, one row
     assert lines[2] == ("| 2 hosts x 1 rank, 1 Gbit/s | 9.3 MiB | 60.0 | 100.0 | "
                         "2.00x (2.00, 1.50, 3.00) | 0.70 (0.10) | 1.0-3.0 |")
+
+
+@pytest.mark.parametrize("job, says", [
+    ({"load": 1.0, "rows": [{"backend": "mpidp", "mode": "overlap", "samples_per_s": 5.0,
+                             "efficiency": 0.5}]}, "no timed overlap row of gloo"),
+    ({"load": 1.0, "rows": "many"}, "rows: 'many' is not a list"),
+    ({"load": -1, "rows": []}, "load: -1 is out of range"),
+    ({"rows": []}, "no field 'load'"),
+])
+def test_torch_table_refuses_a_bad_job_file_in_one_line(tmp_path, capsys, job, says):
+    """A job file is read through mpidp.untrusted: a missing backend, a wrong type or a
+    bound broken is one line naming the file and the field, exit code 2."""
+    import json
+
+    from tools import torch_table
+
+    (tmp_path / "n2-big-r1.json").write_text(json.dumps(job))
+    assert torch_table.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "n2-big-r1.json" in err and says in err, err

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 import statistics
+import sys
+
+from mpidp import untrusted
+
+# what a job file must hold to be read (bench_torch.py writes it; the rest is not read)
+ROW = untrusted.Record({"backend": untrusted.Text(64), "mode": untrusted.Text(64),
+                        "samples_per_s": untrusted.Num(0, 1e12),
+                        "efficiency": untrusted.Optional(untrusted.Num(-1e6, 1e6))})
+JOB = untrusted.Record({"load": untrusted.Num(0, 1e6),
+                        "rows": untrusted.List(ROW, max_len=64)})
 
 ROWS = {"n2-default": ("2 ranks, one host", "default"),
         "n2-big": ("2 ranks, one host", "9.3 MiB"),
@@ -23,9 +32,14 @@ ROWS = {"n2-default": ("2 ranks, one host", "default"),
         "hosts2-big": ("2 hosts x 1 rank, 1 Gbit/s", "9.3 MiB")}
 
 
-def job_figures(job: dict) -> dict:
+def job_figures(job: dict, where: str) -> dict:
     """One job's overlapped samples/s per backend, their ratio, mpidp's efficiency."""
+    job = untrusted.check(job, JOB, where)
     over = {r["backend"]: r for r in job["rows"] if r["mode"] == "overlap"}
+    for backend in ("mpidp", "gloo"):
+        if backend not in over or over[backend]["efficiency"] is None \
+                or not over[backend]["samples_per_s"] > 0:
+            raise untrusted.InputError(f"{where}: no timed overlap row of {backend}")
     return {"gloo": over["gloo"]["samples_per_s"], "mpidp": over["mpidp"]["samples_per_s"],
             "ratio": over["mpidp"]["samples_per_s"] / over["gloo"]["samples_per_s"],
             "efficiency": over["mpidp"]["efficiency"],
@@ -36,8 +50,8 @@ def table(folder: str) -> list[str]:
     by_row: dict[str, list[dict]] = {}
     for path in sorted(glob.glob(os.path.join(folder, "*-r*.json"))):
         m = re.fullmatch(r"(.+)-r\d+\.json", os.path.basename(path))
-        with open(path) as f:
-            by_row.setdefault(m.group(1), []).append(job_figures(json.load(f)))
+        job = untrusted.read_json(path, 1 << 20)
+        by_row.setdefault(m.group(1), []).append(job_figures(job, path))
     lines = ["| setting | model | gloo samples/s | mpidp samples/s | mpidp / gloo (jobs) "
              "| efficiency mpidp (gloo) | load |", "|---|---|---|---|---|---|---|"]
     for key, (setting, model) in ROWS.items():
@@ -56,7 +70,12 @@ def table(folder: str) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.torch_table", description=__doc__)
     p.add_argument("folder")
-    print("\n".join(table(p.parse_args(argv).folder)))
+    try:
+        lines = table(p.parse_args(argv).folder)
+    except untrusted.InputError as e:  # one line naming the file and field
+        print(f"torch_table: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0
 
 
