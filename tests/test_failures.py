@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,7 +249,9 @@ def test_ranks_that_all_end_cleanly_exit_0_and_say_nothing(tmp_path):
     """))
     code, out, err, seconds = mpiexec(5, [sys.executable, "-m", "mpidp", str(script)])
     assert code == 0 and err == "", report(code, out, err, seconds)
-    assert sorted(out.splitlines()) == [f"rank {r} ends" for r in (0, 3, 4)]
+    # Ranks 0 and 4 print at the same moment, and mpiexec may join their lines into one.
+    assert sorted(re.findall(r"rank \d+ ends", out)) == [f"rank {r} ends" for r in (0, 3, 4)], \
+        report(code, out, err, seconds)
 
 
 def test_ctrl_c_ends_a_rank_that_waits_for_the_others_at_its_end(tmp_path):
