@@ -10,7 +10,7 @@ state: ``planned`` (arguments checked), ``started`` (its rounds are running),
 what a collective in flight is doing (its round, the peers whose messages are
 not complete) is read from its request when a dump is taken (`mpidp.flight`); a
 blocking call's request, or its round, is handed to the entry by the driver
-(`RUNNING`).
+(`RUNNING`), and a blocking call reads ``started`` while it holds one.
 """
 
 from __future__ import annotations
@@ -146,10 +146,11 @@ class Recorder:
         depth, code, below_code = _last
         try:
             below = _getframe(depth)
-        except ValueError:  # not that many frames
-            below = None
-        f = None if below is None else below.f_back
-        if f is None or f.f_code is not code or below.f_code is not below_code:
+            f = below.f_back
+            if f.f_code is not code or below.f_code is not below_code:
+                f = _walk()
+                code = f.f_code
+        except (ValueError, AttributeError):  # not that many frames (f_back None)
             f = _walk()
             code = f.f_code
         entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None, None, None]
@@ -248,6 +249,8 @@ def _entry(e: list) -> dict:
         d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
     if e[ERROR] is not None:
         d["error"] = e[ERROR]
+    if d["state"] == PLANNED and e[RUNNING] is not None:  # a blocking call in its rounds
+        d["state"] = STARTED
     if d["state"] in (PLANNED, STARTED, TIMED_OUT):
         d.update(_live(e))
     return d

@@ -77,6 +77,43 @@ def test_the_record_keeps_the_last_k_and_a_request_in_flight_shows_its_round(no_
     comm.Free()
 
 
+@pytest.mark.parametrize("deadline", [None, 30.0])
+def test_a_blocking_call_reads_planned_then_started_in_its_rounds_then_complete(
+        no_debug_check, monkeypatch, deadline):
+    """A blocking call's entry is not written as it starts: it reads "started" (with its
+    round) while the driver holds its round or, under a deadline, its request."""
+    from mpidp.collectives.engine import completion
+
+    monkeypatch.setattr(completion, "_default_timeout", deadline)
+    seen = []
+
+    class Loopback:  # a comm of two ranks, this one rank 0, whose peer sends back its data
+        def Get_rank(self):  # noqa: N802
+            return 0
+
+        def Get_size(self):  # noqa: N802
+            return 2
+
+        def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+            seen.append(flight._entry(state(self).flight.calls[-1]))
+            recvbuf[0][...] = sendbuf[0]
+
+        def Irecv(self, buf, source, tag):  # noqa: N802 - (under a deadline: posted first)
+            seen.append(flight._entry(state(self).flight.calls[-1]))
+            self.into = buf[0]
+            return MPI.REQUEST_NULL
+
+        def Isend(self, buf, dest, tag):  # noqa: N802
+            self.into[...] = buf[0]
+            return MPI.REQUEST_NULL
+
+    comm, x = Loopback(), np.ones(1)
+    mpidp.allreduce(comm, MPI.IN_PLACE, x, algorithm="recursive_doubling")
+    assert x[0] == 2.0 and len(seen) == 1
+    assert seen[0]["state"] == "started" and seen[0]["round"] == 1, seen
+    assert calls_of(comm)[-1]["state"] == "complete"
+
+
 @pytest.mark.mpi(ranks=[1], timeout=60)
 def test_sigusr1_dumps_while_the_program_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))

@@ -13,12 +13,19 @@ the median of the differences of each on run and the off run after it.
 runs the calls once, untimed, with the recorder on (or ``off``): the instructions of
 two such runs (``--calls 0`` and ``--calls 2000``) differ by 2000 calls' worth, a
 count the machine's load does not move (docs/benchmarks-notes.md).
+
+    mpiexec -n 2 python -m mpidp.bench.flight --opcodes [--calls 200]
+
+counts the bytecodes one call executes on rank 0 (`sys.settrace` with opcode events),
+recorder on and off, and prints them per function: a second count no load moves.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -44,18 +51,61 @@ exec(compile(_LOOP, "<a program>", "exec"), _ns)
 per_call = _ns["per_call"]
 
 
+def opcodes(comm, x, calls: int) -> collections.Counter:
+    """The bytecodes `calls` all-reduces execute on this rank, by function (file:name)."""
+    counts: collections.Counter = collections.Counter()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_qualname}"] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        per_call(comm, x, calls)
+    finally:
+        sys.settrace(None)
+    return counts
+
+
+def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
+    st.flight = recorder
+    on = opcodes(comm, x, calls)
+    st.flight = None
+    off = opcodes(comm, x, calls)
+    st.flight = recorder
+    if comm.Get_rank() != 0:
+        return
+    a, b = sum(on.values()) / calls, sum(off.values()) / calls
+    print(f"8 B all-reduce, rank 0 of {comm.Get_size()}, {calls} calls: {a:.0f} opcodes a "
+          f"call with the recorder, {b:.0f} without: {a - b:.0f} ({(a - b) / a:.1%}) the "
+          "recorder's. Where they differ (opcodes a call, on - off):")
+    for name in sorted(set(on) | set(off), key=lambda k: off[k] - on[k]):
+        d = (on[name] - off[name]) / calls
+        if abs(d) >= 0.5:
+            print(f"  {d:+6.1f}  {name}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.flight")
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--only", choices=("on", "off"),
                    help="run the calls once, untimed, the recorder on or off (for valgrind)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="count the bytecodes a call executes, recorder on and off")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD.Dup()
     x = np.ones(1)
     st = state(comm)
     recorder = st.flight
     per_call(comm, x, 50 if args.only else 1000)  # warm-up (set-up, the call site found)
+    if args.opcodes:
+        _print_opcodes(comm, x, args.calls if args.calls != 20000 else 200, st, recorder)
+        comm.Free()
+        return 0
     if args.only:
         st.flight = recorder if args.only == "on" else None
         if args.calls:

@@ -256,10 +256,9 @@ class Plan:
 
     def run(self) -> None:
         call, entry = self.call, self.call.entry
-        if entry is not None:
-            entry[STATE] = STARTED
-            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
-                call.state.flight.started()
+        # (the entry reads "started" once the driver hands it the round in flight)
+        if entry is not None and call.state.flight.agreeing is not None:
+            call.state.flight.started()  # (most calls: no `started()` to call)
         try:
             run(call.comm, self.algo(*self.args), self.tag, self.completed, self.stager, self.free,
                 entry)

@@ -83,6 +83,9 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
         finish()
 
 
+_RUNNING = flight.RUNNING  # (one global load a round, not two)
+
+
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
         stager: Stager | None = None, on_fail: Callable[[], None] | None = None,
         entry: list | None = None) -> int:
@@ -95,18 +98,20 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
     round is in flight; a deadline that passes leaves the request there.
     """
     if default_timeout() is not None:
+        if entry is not None:  # (started, as the request posts its first round)
+            entry[_RUNNING] = (0, None)
         request = Request(comm, rounds, tag, on_done, stager, on_fail)
         if entry is not None:
-            entry[flight.RUNNING] = request
+            entry[_RUNNING] = request
         request.wait()
         if entry is not None:
-            entry[flight.RUNNING] = None
+            entry[_RUNNING] = None
         return request.rounds
     count = 0
     try:
         for round_ in rounds:
-            if entry is not None:
-                entry[flight.RUNNING] = (count, round_)
+            if entry is not None:  # (the entry's state reads "started" from here on)
+                entry[_RUNNING] = (count, round_)
             exchange(comm, round_, tag, stager)
             count += 1
     except BaseException:
@@ -114,8 +119,8 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
             on_fail()
         raise
     finally:
-        if entry is not None and not isinstance(entry[flight.RUNNING], Request):
-            entry[flight.RUNNING] = None  # pins none of the caller's arrays once done
+        if entry is not None:
+            entry[_RUNNING] = None  # pins none of the caller's arrays once done
     if on_done is not None:
         on_done()
     return count
