@@ -73,6 +73,20 @@ def test_torch_table_takes_the_median_over_jobs(tmp_path):
                         "2.00x (2.00, 1.50, 3.00) | 0.70 (0.10) | 1.0-3.0 |")
 
 
+def test_torch_table_shows_an_efficiency_with_nothing_to_hide_as_a_dash(tmp_path):
+    """Where a job exposed no communication, bench_torch writes its efficiency as null
+    (not NaN, which no strict JSON reader takes) and the table shows a dash."""
+    import json
+
+    from tools import torch_table
+
+    rows = [{"backend": b, "mode": "overlap", "samples_per_s": 10.0, "efficiency": None}
+            for b in ("mpidp", "gloo")]
+    (tmp_path / "n2-default-r1.json").write_text(json.dumps({"load": 0.5, "rows": rows}))
+    assert torch_table.table(str(tmp_path))[2] == (
+        "| 2 ranks, one host | default | 10.0 | 10.0 | 1.00x (1.00) | - (-) | 0.5-0.5 |")
+
+
 @pytest.mark.parametrize("job, says", [
     ({"load": 1.0, "rows": [{"backend": "mpidp", "mode": "overlap", "samples_per_s": 5.0,
                              "efficiency": 0.5}]}, "no timed overlap row of gloo"),

@@ -37,13 +37,23 @@ def job_figures(job: dict, where: str) -> dict:
     job = untrusted.check(job, JOB, where)
     over = {r["backend"]: r for r in job["rows"] if r["mode"] == "overlap"}
     for backend in ("mpidp", "gloo"):
-        if backend not in over or over[backend]["efficiency"] is None \
-                or not over[backend]["samples_per_s"] > 0:
+        if backend not in over or not over[backend]["samples_per_s"] > 0:
             raise untrusted.InputError(f"{where}: no timed overlap row of {backend}")
     return {"gloo": over["gloo"]["samples_per_s"], "mpidp": over["mpidp"]["samples_per_s"],
             "ratio": over["mpidp"]["samples_per_s"] / over["gloo"]["samples_per_s"],
             "efficiency": over["mpidp"]["efficiency"],
             "gloo_efficiency": over["gloo"]["efficiency"], "load": job["load"]}
+
+
+def _median(values: list):
+    """The median of the values there are (a job's efficiency is None where none of its
+    communication was exposed, so nothing could hide: one rank), None if there are none."""
+    there = [v for v in values if v is not None]
+    return statistics.median(there) if there else None
+
+
+def _two(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def table(folder: str) -> list[str]:
@@ -58,12 +68,12 @@ def table(folder: str) -> list[str]:
         jobs = by_row.get(key)
         if not jobs:
             continue
-        med = {k: statistics.median(j[k] for j in jobs) for k in jobs[0]}
+        med = {k: _median([j[k] for j in jobs]) for k in jobs[0]}
         each = ", ".join(f"{j['ratio']:.2f}" for j in jobs)
         loads = f"{min(j['load'] for j in jobs):.1f}-{max(j['load'] for j in jobs):.1f}"
         lines.append(f"| {setting} | {model} | {med['gloo']:.1f} | {med['mpidp']:.1f} | "
-                     f"{med['ratio']:.2f}x ({each}) | {med['efficiency']:.2f} "
-                     f"({med['gloo_efficiency']:.2f}) | {loads} |")
+                     f"{med['ratio']:.2f}x ({each}) | {_two(med['efficiency'])} "
+                     f"({_two(med['gloo_efficiency'])}) | {loads} |")
     return lines
 
 
