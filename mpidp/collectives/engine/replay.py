@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import cache
 
 import numpy as np
 from mpi4py import MPI
@@ -75,13 +76,24 @@ class Recorder(Wrapper):
 
     def __call__(self, acc, tmp, src=None) -> None:
         self.op(acc, tmp, src)
-        f = self.op.np_ufunc if acc.size != 1 else self.op.apply  # one item: as `Op` does
-        self.log.append((f, acc if src is None else src, tmp, acc))
+        a, f = acc if src is None else src, self.op.np_ufunc
+        if acc.size == 1 and np.may_share_memory(a, acc):  # as `Op.apply` does, decided once
+            f = _apart(f)
+        self.log.append((f, a, tmp, acc))
 
     def finish(self, block, n: int) -> None:
         self.op.finish(block, n)
         if self.op.divide and n > 1:  # what Op.finish does; nothing else to record
             self.log.append((np.true_divide, block, n, block))
+
+
+@cache
+def _apart(ufunc):
+    """``ufunc(a, b, out=a)`` on one item, computed apart and copied (`Op.apply`: NumPy
+    runs it as a reduction, the operands the other way round)."""
+    def one_item(a, b, out) -> None:
+        out[...] = ufunc(a, b)
+    return one_item
 
 
 def recording(plan, log: list) -> Rounds:
