@@ -60,20 +60,21 @@ class Persistent:
         if r is not None and not r.done and r.error is None:  # `_in_flight`
             raise RuntimeError("Start of a persistent collective that is still active: "
                                "complete it (Wait) first")
+        if r is not None and r is self.replay:  # a replayed start (kept short: most are)
+            r.start()
+            return
         p = self.plan
-        if self.log is not None and self.request is not None:
-            if self.request.error is None:  # the recorded run is complete
+        if self.log is not None and r is not None:
+            if r.error is None:  # the recorded run is complete: replayed from now on
                 self.replay, self.log = Replay(p.call.comm, p.tag, self.log, p.finish), None
+                entry = p.call.entry  # the flight record reads every start's state from it
+                if entry is not None:  # (the id's numbers went out at the first start)
+                    entry[flight.REQUEST] = self.replay
             else:  # it raised part way: record the next run instead
                 self.log = []
         if self.replay is not None:
             self.request = self.replay
             self.replay.start()
-            entry = p.call.entry  # (`_record`, inlined: every replayed start's path)
-            if entry is not None:
-                entry[flight.REQUEST] = self.replay
-                if p.call.state.flight.agreeing is not None:
-                    p.call.state.flight.started()
             return
         rounds = p.algo(*p.args) if self.log is None else recording(p, self.log)
         self.request = Request(p.call.comm, rounds, p.tag, p.finish, p.stager)

@@ -52,6 +52,8 @@ from ..algorithms.rounds import Recv, Rounds, Send, no_rounds
 from .completion import Polled
 from .staging import msg
 
+_startall, _now = MPI.Prequest.Startall, time.perf_counter  # (every start's path)
+
 
 def replayable(plan) -> bool:
     """True if the runs of `plan` (a `plan.Plan`: its comm, registered algorithm, source
@@ -133,7 +135,7 @@ class Replay(Polled):
             else:
                 reductions.append(entry)
         self.finish, self._lock = finish, threading.Lock()
-        self._step, self._reqs = 0, []  # the round in flight, and its requests
+        self._step, self._reqs = 0, ()  # the round in flight, and its requests
         self._active, self.done = False, True  # inactive until started
         self.error = None  # what a reduction of the current start raised (as a `Request`'s)
         self.rounds, self.completed_at = 0, None
@@ -141,8 +143,8 @@ class Replay(Polled):
     def start(self) -> None:
         """Do the reductions before the first round and start it (never blocks)."""
         with self._lock:  # under the lock: a progress thread may be testing it
-            self.done, self._active, self._step, self.rounds = False, True, -1, 0
-            self.error = None
+            self.done, self._active, self._step, self.rounds, self.error = \
+                False, True, -1, 0, None
             if self.pre:
                 self._reduce(self.pre)
             self._next()
@@ -154,21 +156,20 @@ class Replay(Polled):
             for f, a, b, out in reductions:
                 f(a, b, out=out)
         except BaseException as exc:
-            self.error, self._reqs = exc, []
+            self.error, self._reqs = exc, ()
             raise
 
     def _next(self) -> None:
         """Start the next round, or complete."""
-        self._step += 1
-        if self._step < len(self.steps):
+        step = self._step = self._step + 1
+        if step < len(self.steps):
             self.rounds += 1
-            self._reqs = self.steps[self._step][0]
-            if self._reqs:
-                MPI.Prequest.Startall(self._reqs)
+            reqs = self._reqs = self.steps[step][0]
+            if reqs:
+                _startall(reqs)
             return
-        self._reqs = []
-        self.done = True
-        self.completed_at = time.perf_counter()
+        self._reqs = ()
+        self.done, self.completed_at = True, _now()
         if self.finish is not None:
             self.finish()
 
@@ -186,7 +187,7 @@ class Replay(Polled):
         for reqs, _ in self.steps:
             for r in reqs:
                 r.Free()
-        self.steps, self._reqs = [], []
+        self.steps, self._reqs = [], ()
 
     def __repr__(self) -> str:
         return f"<mpidp replay {'done' if self.done else 'pending'}, {len(self.steps)} rounds>"
