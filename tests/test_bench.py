@@ -604,3 +604,21 @@ def test_the_page_builders_live_outside_the_package_and_the_makefile_runs_them()
         ran = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
         assert ran.returncode == 0 and "usage" in ran.stdout, (module, ran.stderr)
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+def test_the_flight_bench_counts_the_recorders_opcodes_and_a_persistent_start(mpi_ranks,
+                                                                              capsys):
+    """`python -m mpidp.bench.flight --opcodes`: the recorder's share of a call (on - off,
+    by function, `Recorder.add` among them) and a replayed persistent start's count."""
+    from mpidp.bench import flight as flight_bench
+
+    assert flight_bench.main(["--opcodes", "--calls", "20"]) == 0
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        share = re.search(r"(\d+) opcodes a call with the recorder, (\d+) without: (\d+) ", out)
+        assert share, out
+        on, off, diff = map(int, share.groups())
+        assert on > off > 0 and diff == on - off, out
+        assert "recorder.py:Recorder.add" in out and "replay.py:Replay._next" in out, out
+        assert re.search(r"replayed Start \+ Wait .*: (\d+) opcodes", out), out

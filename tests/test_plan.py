@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 # a comm that records the tag of every message it posts (and refuses its own collectives)
+from helpers.comms import Loopback
 from helpers.comms import NoCollectives as TagRecorder
 from helpers.subcomms import on_each_size
 from helpers.sweeps import debug_check_off
@@ -189,19 +190,6 @@ def test_what_a_setup_holds_is_what_it_declares():
         if isinstance(s, Passes):
             assert all(isinstance(i, int) for i in s.scratch), s.scratch
     comm.Free()
-
-
-class Loopback:
-    """A comm of two ranks, this one rank 0, whose peer sends back what it is sent."""
-
-    def Get_rank(self):  # noqa: N802
-        return 0
-
-    def Get_size(self):  # noqa: N802
-        return 2
-
-    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
-        recvbuf[0][...] = sendbuf[0]
 
 
 # Python frames entered by one blocking 8 B all-reduce, auto, once its setup is remembered:

@@ -17,7 +17,8 @@ count the machine's load does not move (docs/benchmarks-notes.md).
     mpiexec -n 2 python -m mpidp.bench.flight --opcodes [--calls 200]
 
 counts the bytecodes one call executes on rank 0 (`sys.settrace` with opcode events),
-recorder on and off, and prints them per function: a second count no load moves.
+recorder on and off, and a persistent one's replayed start and wait, and prints them per
+function: a second count no load moves.
 """
 
 from __future__ import annotations
@@ -45,14 +46,19 @@ def per_call(comm, x, calls):
         mp.allreduce(comm, mp.IN_PLACE, x, op=MPI.MAX, algorithm="recursive_doubling")
         times[i] = time.perf_counter() - t
     return float(np.median(times)), float(np.percentile(times, 5))
+
+def starts(req, calls):
+    for _ in range(calls):
+        req.Start()
+        req.Wait()
 """
 _ns = {"np": np, "time": time, "mp": mp, "MPI": MPI}
 exec(compile(_LOOP, "<a program>", "exec"), _ns)
-per_call = _ns["per_call"]
+per_call, starts = _ns["per_call"], _ns["starts"]
 
 
-def opcodes(comm, x, calls: int) -> collections.Counter:
-    """The bytecodes `calls` all-reduces execute on this rank, by function (file:name)."""
+def opcodes(run, *args) -> collections.Counter:
+    """The bytecodes ``run(*args)`` executes on this rank, by function (file:name)."""
     counts: collections.Counter = collections.Counter()
 
     def trace(frame, event, arg):
@@ -64,7 +70,7 @@ def opcodes(comm, x, calls: int) -> collections.Counter:
 
     sys.settrace(trace)
     try:
-        per_call(comm, x, calls)
+        run(*args)
     finally:
         sys.settrace(None)
     return counts
@@ -72,10 +78,14 @@ def opcodes(comm, x, calls: int) -> collections.Counter:
 
 def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
     st.flight = recorder
-    on = opcodes(comm, x, calls)
+    on = opcodes(per_call, comm, x, calls)
     st.flight = None
-    off = opcodes(comm, x, calls)
+    off = opcodes(per_call, comm, x, calls)
     st.flight = recorder
+    req = mp.allreduce_init(comm, x, np.empty_like(x))  # (out of place, auto)
+    starts(req, 50)  # the first start recorded, the others replayed
+    persistent = opcodes(starts, req, calls)
+    req.Free()
     if comm.Get_rank() != 0:
         return
     a, b = sum(on.values()) / calls, sum(off.values()) / calls
@@ -86,30 +96,37 @@ def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
         d = (on[name] - off[name]) / calls
         if abs(d) >= 0.5:
             print(f"  {d:+6.1f}  {name}")
+    print(f"a persistent one's replayed Start + Wait (out of place, auto), recorder on: "
+          f"{sum(persistent.values()) / calls:.0f} opcodes, by function:")
+    for name, n in persistent.most_common():
+        if n / calls >= 0.5:
+            print(f"  {n / calls:6.1f}  {name}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.flight")
-    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--calls", type=int, default=None,
+                   help="calls a run (default 20000; with --opcodes 200)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--only", choices=("on", "off"),
                    help="run the calls once, untimed, the recorder on or off (for valgrind)")
     p.add_argument("--opcodes", action="store_true",
                    help="count the bytecodes a call executes, recorder on and off")
     args = p.parse_args(argv)
+    calls = args.calls if args.calls is not None else 200 if args.opcodes else 20000
     comm = MPI.COMM_WORLD.Dup()
     x = np.ones(1)
     st = state(comm)
     recorder = st.flight
     per_call(comm, x, 50 if args.only else 1000)  # warm-up (set-up, the call site found)
     if args.opcodes:
-        _print_opcodes(comm, x, args.calls if args.calls != 20000 else 200, st, recorder)
+        _print_opcodes(comm, x, calls, st, recorder)
         comm.Free()
         return 0
     if args.only:
         st.flight = recorder if args.only == "on" else None
-        if args.calls:
-            per_call(comm, x, args.calls)
+        if calls:
+            per_call(comm, x, calls)
         comm.Free()
         return 0
     on, off = [], []
@@ -117,7 +134,7 @@ def main(argv=None) -> int:
         for mode, out in ((recorder, on), (None, off)):
             st.flight = mode
             comm.Barrier()
-            out.append(per_call(comm, x, args.calls))
+            out.append(per_call(comm, x, calls))
     # the 5th percentile of each run's calls: what a call costs when the machine lets it
     on5, off5 = [v[1] for v in on], [v[1] for v in off]
     on, off = [v[0] for v in on], [v[0] for v in off]
@@ -126,7 +143,7 @@ def main(argv=None) -> int:
         a, b = statistics.median(on), statistics.median(off)
         pair = statistics.median(x - y for x, y in zip(on, off, strict=True))  # on vs the next off
         print(f"8 B all-reduce, {comm.Get_size()} ranks, median of {args.reps} runs of "
-              f"{args.calls} calls: recorder on {a * 1e6:.2f} us, off {b * 1e6:.2f} us, "
+              f"{calls} calls: recorder on {a * 1e6:.2f} us, off {b * 1e6:.2f} us, "
               f"cost {(a - b) * 1e6:+.2f} us ({(a - b) / b:+.1%}), median of paired "
               f"differences {pair * 1e6:+.2f} us; on {[round(v * 1e6, 2) for v in on]}, "
               f"off {[round(v * 1e6, 2) for v in off]}; 5th percentiles: on "

@@ -1,4 +1,6 @@
-"""Communicator stand-ins the tests wrap around a real one."""
+"""Communicator stand-ins the tests wrap around a real one, or use instead of one."""
+
+from mpi4py import MPI
 
 
 class NoCollectives:
@@ -69,3 +71,25 @@ class NarrowTags:
     def Recv_init(self, buf, source, tag):  # noqa: N802
         self.tags.append(tag)
         return self._comm.Recv_init(buf, source, tag)
+
+
+class Loopback:
+    """A comm of two ranks, this one rank 0, whose peer sends back what it is sent: one
+    `Sendrecv`, or (the driver under a deadline) an `Irecv` posted before its `Isend`."""
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def Get_size(self):  # noqa: N802
+        return 2
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):  # noqa: N802
+        recvbuf[0][...] = sendbuf[0]
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.into = buf[0]
+        return MPI.REQUEST_NULL
+
+    def Isend(self, buf, dest, tag):  # noqa: N802
+        self.into[...] = buf[0]
+        return MPI.REQUEST_NULL
