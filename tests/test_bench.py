@@ -622,3 +622,17 @@ def test_the_flight_bench_counts_the_recorders_opcodes_and_a_persistent_start(mp
         assert on > off > 0 and diff == on - off, out
         assert "recorder.py:Recorder.add" in out and "replay.py:Replay._next" in out, out
         assert re.search(r"replayed Start \+ Wait .*: (\d+) opcodes", out), out
+
+
+@pytest.mark.parametrize("argv, says", [(["--calls", "-3"], "must be >= 0"),
+                                        (["--calls", "0", "--opcodes"], "at least 1 here"),
+                                        (["--reps", "0"], "must be >= 1")])
+def test_the_flight_bench_refuses_a_bad_count_with_its_error_line_last(argv, says, capsys):
+    from mpidp.bench import flight as flight_bench
+
+    with pytest.raises(SystemExit) as ended:
+        flight_bench.main(argv)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # (argparse's usage above it)
+    assert ended.value.code == 2 and last.startswith("python -m mpidp.bench.flight: error: ") \
+        and says in last, err

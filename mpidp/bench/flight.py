@@ -32,6 +32,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .. import cli
 from .. import collectives as mp
 from ..collectives.state import state
 
@@ -105,15 +106,17 @@ def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpidp.bench.flight")
-    p.add_argument("--calls", type=int, default=None,
+    p.add_argument("--calls", type=cli.number(int, 0), default=None,
                    help="calls a run (default 20000; with --opcodes 200)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=cli.number(int, 1), default=3)
     p.add_argument("--only", choices=("on", "off"),
                    help="run the calls once, untimed, the recorder on or off (for valgrind)")
     p.add_argument("--opcodes", action="store_true",
                    help="count the bytecodes a call executes, recorder on and off")
     args = p.parse_args(argv)
     calls = args.calls if args.calls is not None else 200 if args.opcodes else 20000
+    if calls == 0 and not args.only:
+        p.error("--calls must be at least 1 here (0 only with --only, for valgrind)")
     comm = MPI.COMM_WORLD.Dup()
     x = np.ones(1)
     st = state(comm)
