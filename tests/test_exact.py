@@ -8,6 +8,7 @@ of the same addends, which every rank of every algorithm must equal bitwise
 """
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -390,20 +391,41 @@ def bytes_per_rank(comm):
         assert np.all(y == 4 * N)
 
 
+def top16(x):
+    """The 16 high bits of each item (sign, exponent, first mantissa bits), in x's own
+    byte order: a big-endian array holds its high bits first, as 16-bit numbers too."""
+    little = x.dtype.byteorder == "<" or (x.dtype.byteorder in "=|" and sys.byteorder == "little")
+    v = x.view(np.dtype(np.uint16).newbyteorder("<" if little else ">"))
+    per = x.itemsize // 2
+    return v[per - 1 :: per] if little else v[::per]
+
+
+def code_table(name: str, code: str) -> np.ndarray:
+    """What a code is, spelled out for every value of an item's 16 high bits: the biased
+    exponent, except that zero and subnormals code 1 if positive, 0 if negative."""
+    info = np.finfo(np.dtype(name))
+    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
+    hi = np.arange(1 << 16, dtype=np.uint32)
+    biased = (hi & 0x7FFF) >> (shift - 1)  # the sign dropped, the mantissa bits shifted out
+    return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
+
+
+@pytest.mark.parametrize("order", ("=", ">", "<"))
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_codes_and_magic_constants_match_their_tables(dtype):
-    """The shifts that make codes and magic constants give what the tables spell out."""
-    x, y, z = hard_addends(4000, 3, dtype, seed=5)
+def test_codes_and_magic_constants_match_their_tables(dtype, order):
+    """The shifts that make codes and magic constants give what the tables spell out,
+    the addends in either byte order."""
+    x, y, z = (a.astype(np.dtype(dtype).newbyteorder(order))
+               for a in hard_addends(4000, 3, dtype, seed=5))
     y[:50] = -0.0  # items whose addends are all zero or subnormal, of either sign
     z[:50] = np.where(np.arange(50) % 2, -0.0, 0.0)
     x[:25] = -np.finfo(dtype).smallest_subnormal
     code, t16 = np.empty(x.size, prerounding.grid(dtype, 3).code), np.empty(x.size, np.uint16)
-    table = prerounding.code_table(np.dtype(dtype).name, code.dtype.name)
-    prerounding.max_codes([x], code, t16)
-    assert np.array_equal(code, table[prerounding._top16(x)])
-    prerounding.max_codes([x, y, z], code, t16)  # the largest code of the three
-    assert np.array_equal(code, np.maximum.reduce([table[prerounding._top16(v)]
-                                                   for v in (x, y, z)]))
+    table = code_table(np.dtype(dtype).name, code.dtype.name)
+    prerounding.max_codes([x], code, np.empty(x.size), None)
+    assert np.array_equal(code, table[top16(x)])
+    prerounding.max_codes([x, y, z], code, np.empty(x.size), np.empty(x.size))  # the largest
+    assert np.array_equal(code, np.maximum.reduce([table[top16(v)] for v in (x, y, z)]))
     assert (code[:50] == 0).any() and (code[:50] == 1).any()
     g = prerounding.grid(dtype, 7)
     m1, m2 = np.empty(x.size), np.empty(x.size)

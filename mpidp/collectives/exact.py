@@ -9,9 +9,9 @@ number of addends and ranks alone (`exact_direct.takes_direct`), give the same b
 
 - the direct path (up to three addends a rank on average, EXACT_SUM's op always):
   block j of every addend goes raw to rank j, which holds all the addends of its
-  items and sums them there (this module's `exact_rounds` on one rank, a chunk at a
-  time); the chosen algorithm all-gathers the sums. SUM's bytes with one addend a
-  rank (exact_direct.py).
+  items and sums them there (`exact_steps.local_sum`, a chunk at a time); the
+  chosen algorithm all-gathers the sums. SUM's bytes with one addend a rank
+  (exact_direct.py).
 - the words path (more addends a rank): a MAX all-reduce of a small code per item,
   the SUM all-reduce (or reduce-scatter) of float64 words with the chosen algorithm,
   the conversion back: `exact_rounds` chains the two collectives' generators.
@@ -30,32 +30,19 @@ of one rank (``MPI.COMM_SELF``, or one `mpidp.sim` rank) it is a local exact sum
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
 from .algorithms import Algorithm, entry
-from .algorithms.averaging import mean
 from .algorithms.blocks import Blocks
 from .algorithms.ops import MAX, SUM, Op
-from .algorithms.prerounding import (
-    Grid,
-    _range,
-    extremes,
-    finish,
-    from_words,
-    grid,
-    magics,
-    max_codes,
-    special_values,
-    specials,
-    to_words,
-)
+from .algorithms.prerounding import Grid, grid
 from .algorithms.rounds import Rounds
 from .checks import check_algorithm
 from .cost import choose
 from .exact_direct import chunk_items, direct_items, direct_rounds, takes_direct
+from .exact_steps import Scratch, back, codes, cut, local_sum, scratch_for
 from .placement import locate
 from .plan import Call, Plan, Signed, signed
 
@@ -74,52 +61,10 @@ class Passes(NamedTuple):
     scratch: tuple[int, int]  # items of scratch each pass's algorithm needs
 
 
-class Scratch(NamedTuple):
-    """Pooled arrays of one exact collective of `count` items."""
-
-    code: object  # count, the code dtype (n <= 2: none)
-    code_tmp: object  # the MAX algorithm's tmp, code dtype
-    tmp16: object  # 2·count, uint16
-    words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
-    words_tmp: object  # the SUM algorithm's tmp, word dtype
-    m1: object  # count, float64: the magic constants of the two grids
-    m2: object
-    y: object  # count, float64: a word of the second, third ... part
-
-
-def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
-    def take(dt, items):
-        return pool.take(np.empty(0, dt), items)
-
-    grid_items = 0 if g.plain else count
-    return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
-                   take(np.uint16, 2 * grid_items), take(g.word, count * g.words),
-                   take(g.word, word_items), take(np.float64, grid_items),
-                   take(np.float64, grid_items if g.words == 2 else 0),
-                   take(np.float64, grid_items))
-
-
-def _chunks(count: int, dtype):
-    """(start, stop) of the chunks (`exact_direct.CHUNK` bytes of dtype) over `count` items."""
-    step = max(chunk_items(count, dtype), 1)
-    return ((a, min(a + step, count)) for a in range(0, count, step))
-
-
-def _words(W, g: Grid, interleaved: bool, lo: int, hi: int):
-    """Items lo..hi of word 1 and word 2 (None: one word) as views of W."""
-    if g.words == 1:
-        return W[lo:hi], None
-    if interleaved:
-        return W[2 * lo : 2 * hi : 2], W[2 * lo + 1 : 2 * hi : 2]
-    count = W.size // 2
-    return W[lo:hi], W[count + lo : count + hi]
-
-
 def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
                  average: bool = False, reduce_scatter: Blocks | None = None) -> Rounds:
     """The words path's three passes as one generator of rounds (prerounding.py derives
-    them); on a comm of one rank with collectives that send nothing, the direct path's
-    local sum.
+    them); `exact_steps.local_sum` is the same without the collectives.
 
     Args:
         parts: this rank's addends, arrays of out's size and dtype (any number). They
@@ -145,23 +90,9 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
             for x in parts[1:]:
                 np.add(W, x, out=W)
     else:
-        code = s.code
-        for a, b in _chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
-            max_codes([x[a:b] for x in parts], code[a:b], s.tmp16[: 2 * (b - a)])
-        yield from code_algo(comm, code, Blocks.even(count, n), MAX, s.code_tmp)
-        w1, w2 = _words(W, g, rs, 0, count)
-        m2 = s.m2 if g.words == 2 else None
-        scaled = magics(code, g, s.m1, m2, s.tmp16)
-        if not parts:
-            W[...] = 0
-        with np.errstate(invalid="ignore", over="ignore"):
-            for a, b in _chunks(count, g.dtype):
-                for i, x in enumerate(parts):
-                    to_words(x[a:b], s.m1[a:b], m2 if m2 is None else m2[a:b], w1[a:b],
-                             w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0)
-            if scaled.size:
-                extremes(parts, scaled, code, g, w1, w2)
-        special = specials(parts, code, w1, w2, g)
+        codes(parts, g, s, count)
+        yield from code_algo(comm, s.code, Blocks.even(count, n), MAX, s.code_tmp)
+        scaled, special = cut(parts, g, s, count, rs)
     if rs:
         yield from word_algo(comm, W, Blocks([c * g.words for c in reduce_scatter.counts]),
                              SUM, s.words_tmp)
@@ -180,25 +111,10 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
         if suspect:
             out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
         return
-    w1, w2 = _words(W, g, rs, lo, hi)
-    code = code[lo:hi]
-    special = special[(special >= lo) & (special < hi)] - lo
-    scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
-    values = special_values(w1, w2, special) if special.size else None
-    if average and g.addends > 1:  # V/n from the words, rounded once (averaging.py)
-        mean(w1, w2, out, g.addends, lambda i: _exact(w1, w2, code, g, i), scaled)
-    else:
-        with np.errstate(invalid="ignore", over="ignore"):
-            from_words(w1, w2, out, code, g, scaled)
-    finish(code, out, g, special, values)
-
-
-def _exact(w1, w2, code, g: Grid, i: int) -> Fraction:
-    """Item i's summed words as the exact V (scaled ones times 2^e, as `from_words`)."""
-    v = Fraction(float(w1[i])) + (0 if w2 is None else Fraction(float(w2[i])))
-    if g.words == 2 and not _range(g)[0] <= code[i] <= _range(g)[1]:
-        v *= Fraction(2) ** (max(int(code[i]), 1) - (g.bias - 1))
-    return v
+    if rs:
+        special = special[(special >= lo) & (special < hi)] - lo
+        scaled = scaled[(scaled >= lo) & (scaled < hi)] - lo
+    back(W, g, rs, lo, hi, s.code[lo:hi], out, special, scaled, average)
 
 
 # ------------------------------------------------------------ the plans
@@ -282,5 +198,5 @@ def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
     s = scratch_for(pool, g, chunk_items(layout.counts[rank], out.dtype), 0, 0)
     recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
     counts = pool.take(np.empty(0, np.int64), 0 if known else n)
-    args = (comm, parts, out, g, gather, s, recv, counts, exact_rounds, op.divide, blocks, known)
+    args = (comm, parts, out, g, gather, s, recv, counts, local_sum, op.divide, blocks, known)
     return Plan(call, direct_rounds, args, tag, None, (*s, recv, counts))

@@ -2,8 +2,8 @@
 
 Rank j owns block j of the items (`Blocks.even`). Each rank sends block j of each of
 its addends to rank j, as they are, in one round; rank j then holds every addend of
-its items, and sums them where it is (the grid sum of `exact.exact_rounds`, on one
-rank: no MAX pass, no words on the wire), and the all-reduce all-gathers the sums:
+its items, and sums them where it is (the grid sum of `exact_steps.local_sum`: no MAX
+pass, no words on the wire), and the all-reduce all-gathers the sums:
 
         rank 0: a0 a1 a2     rank 1: b0 b1 b2     rank 2: c0 c1 c2   (3 ranks, 1 addend each)
         round:    rank 0: a1 --> 1, a2 --> 2   rank 1: b2 --> 2, b0 --> 0   rank 2: c0, c1
@@ -40,21 +40,6 @@ def takes_direct(g: Grid, ranks: int) -> bool:
     return not g.plain and ranks > 1 and g.addends <= MOST_PER_RANK * ranks
 
 
-class _One:
-    """A communicator of one rank, for the local sum of a block (no messages)."""
-
-    def Get_size(self) -> int:
-        return 1
-
-    def Get_rank(self) -> int:
-        return 0
-
-
-def _no_rounds(comm, buf, blocks, op, tmp) -> Rounds:
-    """The collective of one rank: nothing to exchange."""
-    yield from ()
-
-
 def _head(s, k: int):
     """The scratch `s` (of `chunk_items` items, `direct_rounds`'s) cut to k items."""
     full = max(s.y.size, 1)
@@ -75,8 +60,8 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
         parts: this rank's addends (flat, the whole vector each); may include `out`.
         out: the result (all-reduce), or with `reduce_scatter` this rank's block.
         gather: the all-gather generator ``(comm, buf, blocks)`` (all-reduce only).
-        s: `exact.Scratch` of the local sum of this rank's block; `local` runs it
-            (`exact.exact_rounds`).
+        s: `exact_steps.Scratch` of the local sum of this rank's block; `local` runs it
+            (`exact_steps.local_sum`).
         recv: scratch of the dtype for the others' addends (`direct_items`);
         counts: N int64, each rank's number of parts.
         known: every rank holds one part (the op path): no counts to swap.
@@ -109,8 +94,7 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
     step = max(chunk_items(c, out.dtype), 1)
     for a in range(0, c, step):  # a chunk at a time: its passes run in the cache
         b = min(a + step, c)
-        yield from local(_One(), [x[a:b] for x in mine], block[a:b], g, _no_rounds,
-                         _no_rounds, _head(s, b - a), average)
+        local([x[a:b] for x in mine], block[a:b], g, _head(s, b - a), average)
     if reduce_scatter is None and n > 1:
         yield from gather(comm, out, blocks)
 

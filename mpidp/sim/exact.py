@@ -23,13 +23,14 @@ from mpidp.collectives.algorithms.fold import fold
 from mpidp.collectives.algorithms.prerounding import grid
 from mpidp.collectives.api import sum_parts
 from mpidp.collectives.engine.staging import ScratchPool
-from mpidp.collectives.exact import CODE_FOR, GATHER_FOR, exact_rounds, scratch_for
+from mpidp.collectives.exact import CODE_FOR, GATHER_FOR, exact_rounds
 from mpidp.collectives.exact_direct import (
     chunk_items,
     direct_items,
     direct_rounds,
     takes_direct,
 )
+from mpidp.collectives.exact_steps import local_sum, scratch_for
 
 from .engine import Sim
 
@@ -105,7 +106,7 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
             recv = np.empty(direct_items(g, layout, r, len(mine)), dtype)
             gens.append(direct_rounds(comm, mine, out, g, gather and gather.bound(hosts), s,
                                       recv, np.zeros(0 if known else N, np.int64),
-                                      exact_rounds, average, blocks, known))
+                                      local_sum, average, blocks, known))
             results.append(out)
         sim.run(gens)
         return results, sim

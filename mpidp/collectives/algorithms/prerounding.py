@@ -68,77 +68,52 @@ The call path takes one of two exchanges (collectives/exact.py), the same bits:
     n <= 2:           A(G)                                          SUM's
     float32: the words' A(G/4) + A(2G); float16: A(G/2) + A(4G)
 
-plus, per addend, a strided read of its high bits, shifted, and a maximum on 2
-bytes an item for its code, and five passes over it for the float64 words (two
-for float32, float16: one addition and one subtraction per word), the magic
-constants once per call, and one pass at the end. The direct path does this for
-its own block only, where it holds all n addends, a chunk (`exact_direct.CHUNK`
-bytes of each addend) at a time, so that the passes run in the cache; the words
-path walks the addends in such chunks too.
+plus, per addend, its bits shifted and a maximum for its code, five passes over
+it for the float64 words (two for float32, float16: one addition and one
+subtraction per word), the magic constants once per call, and one pass at the
+end. The direct path does this for its own block only, where it holds all n
+addends, a chunk (`exact_direct.CHUNK` bytes of each addend) at a time, so that
+the passes run in the cache; the words path walks the addends in such chunks too.
 """
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 
 import numpy as np
 
 from .grids import Grid, grid, most_addends  # noqa: F401 (the grid: prerounding's names too)
 
-LITTLE = sys.byteorder == "little"
 FAST = (-960, 960)  # float64 items whose e lies here take the magic constants (see above)
 
 
 # ------------------------------------------------------------ step 1: the code of each item
 
 
-def _top16(x):
-    """The 16 high bits of each item (sign, exponent, first mantissa bits), a view.
-
-    Read in x's own byte order: a big-endian array (``>f8``) on a little-endian machine
-    holds its high bits first, and as 16-bit numbers they are big-endian too."""
-    little = x.dtype.byteorder == "<" or (x.dtype.byteorder in "=|" and LITTLE)
-    v = x.view(np.dtype(np.uint16).newbyteorder("<" if little else ">"))
-    per = x.itemsize // 2
-    return v[per - 1 :: per] if little else v[::per]
-
-
-@cache
-def code_table(name: str, code: str) -> np.ndarray:
-    """The code of every value of an item's 16 high bits: the biased exponent, except that
-    zero and subnormals code 1 if positive, 0 if negative (0 everywhere: only -0.0 and
-    negative subnormals, whose sum is zero only if all are -0.0)."""
-    info = np.finfo(np.dtype(name))
-    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
-    hi = np.arange(1 << 16, dtype=np.uint32)
-    biased = (hi & 0x7FFF) >> (shift - 1)  # the sign dropped, the mantissa bits shifted out
-    return np.where((biased == 0) & (hi < 0x8000), 1, biased).astype(code)
-
-
-def max_codes(parts, out, tmp) -> None:
+def max_codes(parts, out, top, other) -> None:
     """out = each item's largest code over `parts` (0, MAX's identity, if there are none).
 
-    `code_table` says what a code is. As the code is the biased exponent, the largest
-    is that of the largest 15 bits below the sign: each addend's 16 high bits shifted
-    left once (one strided read) and their maximum taken, then the exponent shifted
-    out once. Zeros and subnormals (exponent 0) code 1 if any of the item's addends
-    has no sign bit: looked up for those items alone (`tmp`: 2·size uint16 of scratch;
-    given less, it takes the second half itself)."""
+    A code is the biased exponent (every bit set: inf or nan), so the largest is that of
+    the largest bits below the sign: each addend read as unsigned integers of its
+    width, shifted left once (the sign dropped; contiguous, vectorized passes), their
+    maximum taken, then the mantissa shifted out once. Zeros and subnormals (exponent
+    0) code 1 if any of the item's addends has no sign bit, else 0 (only -0.0 and
+    negative subnormals, whose sum is zero only if all are -0.0): looked up for those
+    items alone. `top`, `other`: scratch of at least out.size items of the
+    addends' width each (any dtype; `other` unused for one addend)."""
     if not parts:
         out[...] = 0
         return
-    info = np.finfo(parts[0].dtype)
-    shift = 16 - (info.bits - info.nmant - 1)  # 16 - exponent bits
-    t = tmp.view(np.uint16)
-    top, other = t[: out.size], t[out.size : 2 * out.size]
-    if len(parts) > 1 and other.size < out.size:
-        other = np.empty_like(top)
-    np.left_shift(_top16(parts[0]), 1, out=top)  # the sign dropped
-    for x in parts[1:]:
-        np.left_shift(_top16(x), 1, out=other)
-        np.maximum(top, other, out=top)
-    np.right_shift(top, shift, out=top)
+    dtype = parts[0].dtype
+    wide = np.dtype(f"u{dtype.itemsize}").newbyteorder(dtype.byteorder)  # x's own order
+    top = top.view(np.uint8)[: out.size * dtype.itemsize].view(wide)
+    np.left_shift(parts[0].view(wide), 1, out=top)
+    if len(parts) > 1:
+        other = other.view(np.uint8)[: out.size * dtype.itemsize].view(wide)
+        for x in parts[1:]:
+            np.left_shift(x.view(wide), 1, out=other)
+            np.maximum(top, other, out=top)
+    np.right_shift(top, np.finfo(dtype).nmant + 1, out=top)  # the biased exponent
     small = np.flatnonzero(top == 0)
     if small.size:  # every addend zero or subnormal: 1 if one is positive (+0.0 included)
         positive = np.zeros(small.size, bool)

@@ -1,0 +1,125 @@
+"""The exact sum's three steps on this rank (prerounding.py derives them), and their scratch.
+
+`exact.exact_rounds` runs them around its two collectives (the MAX pass between
+`codes` and `cut`, the SUM pass between `cut` and `back`); `local_sum` runs them on
+one rank, for the direct path's chunks (exact_direct.py).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import NamedTuple
+
+import numpy as np
+
+from .algorithms.averaging import mean
+from .algorithms.prerounding import (
+    Grid,
+    _range,
+    extremes,
+    finish,
+    from_words,
+    magics,
+    max_codes,
+    special_values,
+    specials,
+    to_words,
+)
+from .exact_direct import chunk_items
+
+
+class Scratch(NamedTuple):
+    """Pooled arrays of one exact collective of `count` items."""
+
+    code: object  # count, the code dtype (n <= 2: none)
+    code_tmp: object  # the MAX algorithm's tmp, code dtype
+    tmp16: object  # 2·count, uint16
+    words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
+    words_tmp: object  # the SUM algorithm's tmp, word dtype
+    m1: object  # count, float64: the magic constants of the two grids
+    m2: object
+    y: object  # count, float64: a word of the second, third ... part
+
+
+def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
+    def take(dt, items):
+        return pool.take(np.empty(0, dt), items)
+
+    grid_items = 0 if g.plain else count
+    return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
+                   take(np.uint16, 2 * grid_items), take(g.word, count * g.words),
+                   take(g.word, word_items), take(np.float64, grid_items),
+                   take(np.float64, grid_items if g.words == 2 else 0),
+                   take(np.float64, grid_items))
+
+
+def chunks(count: int, dtype):
+    """(start, stop) of the chunks (`exact_direct.CHUNK` bytes of dtype) over `count` items."""
+    step = max(chunk_items(count, dtype), 1)
+    return ((a, min(a + step, count)) for a in range(0, count, step))
+
+
+def words_of(W, g: Grid, interleaved: bool, lo: int, hi: int):
+    """Items lo..hi of word 1 and word 2 (None: one word) as views of W."""
+    if g.words == 1:
+        return W[lo:hi], None
+    if interleaved:
+        return W[2 * lo : 2 * hi : 2], W[2 * lo + 1 : 2 * hi : 2]
+    count = W.size // 2
+    return W[lo:hi], W[count + lo : count + hi]
+
+
+def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
+    """`exact_rounds` on one rank (not `plain`): the direct path's sum of the addends of
+    a chunk of its block, the same steps without the collectives or a generator."""
+    count = out.size
+    codes(parts, g, s, count)
+    scaled, special = cut(parts, g, s, count, False)
+    back(s.words, g, False, 0, count, s.code[:count], out, special, scaled, average)
+
+
+def codes(parts, g: Grid, s: Scratch, count: int) -> None:
+    """Step 1 on this rank: s.code = each item's largest code over `parts`."""
+    for a, b in chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
+        max_codes([x[a:b] for x in parts], s.code[a:b], s.m1[a:b], s.y[: b - a])
+
+
+def cut(parts, g: Grid, s: Scratch, count: int, interleaved: bool):
+    """Step 2 on the agreed codes: the words of this rank's addends, in s.words. Returns
+    the items whose words are scaled (`extremes`) and the special ones (`specials`)."""
+    code, W = s.code[:count], s.words
+    w1, w2 = words_of(W, g, interleaved, 0, count)
+    m2 = s.m2 if g.words == 2 else None
+    scaled = magics(code, g, s.m1, m2, s.tmp16)
+    if not parts:
+        W[...] = 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        for a, b in chunks(count, g.dtype):
+            for i, x in enumerate(parts):
+                to_words(x[a:b], s.m1[a:b], m2 if m2 is None else m2[a:b], w1[a:b],
+                         w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0)
+        if scaled.size:
+            extremes(parts, scaled, code, g, w1, w2)
+    return scaled, specials(parts, code, w1, w2, g)
+
+
+def back(W, g: Grid, interleaved: bool, lo: int, hi: int, code, out, special, scaled,
+         average: bool) -> None:
+    """Step 3: out = items lo..hi of the summed words (`code`: theirs), one rounding; the
+    mean from the words (`averaging`); then the fixed rules."""
+    w1, w2 = words_of(W, g, interleaved, lo, hi)
+    values = special_values(w1, w2, special) if special.size else None
+    if average and g.addends > 1:  # V/n from the words, rounded once (averaging.py)
+        mean(w1, w2, out, g.addends, lambda i: _exact(w1, w2, code, g, i), scaled)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            from_words(w1, w2, out, code, g, scaled)
+    finish(code, out, g, special, values)
+
+
+def _exact(w1, w2, code, g: Grid, i: int) -> Fraction:
+    """Item i's summed words as the exact V (scaled ones times 2^e, as `from_words`)."""
+    v = Fraction(float(w1[i])) + (0 if w2 is None else Fraction(float(w2[i])))
+    if g.words == 2 and not _range(g)[0] <= code[i] <= _range(g)[1]:
+        v *= Fraction(2) ** (max(int(code[i]), 1) - (g.bias - 1))
+    return v
