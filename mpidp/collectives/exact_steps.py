@@ -36,9 +36,9 @@ class Scratch(NamedTuple):
     tmp16: object  # 2·count, uint16
     words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
     words_tmp: object  # the SUM algorithm's tmp, word dtype
-    m1: object  # count, float64: the magic constants of the two grids
+    m1: object  # count, float64: the magic constants of the two grids (first: the codes' max)
     m2: object
-    y: object  # count, float64: a word of the second, third ... part
+    y: object  # count, float64: a word of the second, third ... part (first: the codes')
 
 
 def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> Scratch:
