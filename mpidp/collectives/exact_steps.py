@@ -33,7 +33,7 @@ class Scratch(NamedTuple):
 
     code: object  # count, the code dtype (n <= 2: none)
     code_tmp: object  # the MAX algorithm's tmp, code dtype
-    tmp16: object  # 2·count, uint16
+    tmp16: object  # count, uint16: the magic constants' high bits (`magics`)
     words: object  # count·words of g.word: all-reduce [W1 | W2], reduce-scatter W1 W2 W1 ...
     words_tmp: object  # the SUM algorithm's tmp, word dtype
     m1: object  # count, float64: the magic constants of the two grids (first: the codes' max)
@@ -47,7 +47,7 @@ def scratch_for(pool, g: Grid, count: int, code_items: int, word_items: int) -> 
 
     grid_items = 0 if g.plain else count
     return Scratch(take(g.code, grid_items), take(g.code, 0 if g.plain else code_items),
-                   take(np.uint16, 2 * grid_items), take(g.word, count * g.words),
+                   take(np.uint16, grid_items), take(g.word, count * g.words),
                    take(g.word, word_items), take(np.float64, grid_items),
                    take(np.float64, grid_items if g.words == 2 else 0),
                    take(np.float64, grid_items))
