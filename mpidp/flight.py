@@ -49,6 +49,7 @@ from .recorder import (  # noqa: F401 (the recorder's names, as mpidp.flight's)
     COMPLETE,
     DEFAULT_DIR,
     DEFAULT_K,
+    DONE,
     ERROR,
     FAILED,
     LASTI,
@@ -68,6 +69,7 @@ from .recorder import (  # noqa: F401 (the recorder's names, as mpidp.flight's)
     _entry,
     _live,
     _recorders,
+    _state,
     _str,
     fail,
     folder,
@@ -160,7 +162,7 @@ def unfinished() -> list[str]:
     for r in list(_recorders):
         for e in list(r.calls):
             request = e[REQUEST]
-            if e[STATE] not in (STARTED, PERSISTENT) or request is None or \
+            if e[STATE] not in (PLANNED, PERSISTENT) or request is None or \
                     getattr(request, "done", True) or e[SIGNED] is None:
                 continue
             file, line = site(e)

@@ -10,7 +10,14 @@ state: ``planned`` (arguments checked), ``started`` (its rounds are running),
 what a collective in flight is doing (its round, the peers whose messages are
 not complete) is read from its request when a dump is taken (`mpidp.flight`); a
 blocking call's request, or its round, is handed to the entry by the driver
-(`RUNNING`), and a blocking call reads ``started`` while it holds one.
+(`RUNNING`), then `DONE` once its rounds have run.
+
+Only what is not known otherwise is stored on the call's path: ``started`` and
+``complete`` are derived when a dump is taken (`_state`), from what the entry
+already holds: an I-form's request (started; complete once it is done), a blocking
+call's `RUNNING` (started while it holds a round or a request, complete at `DONE`).
+What is stored is ``failed`` and ``timed out`` (`fail`), a persistent collective's
+``persistent`` and, once it is freed, ``complete``.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ def skip_frames_under(folder: str) -> None:
         _NOT_SITES = (*_NOT_SITES, folder)
 
 PLANNED, STARTED, COMPLETE, FAILED = "planned", "started", "complete", "failed"
+DONE = "done"  # a blocking call's RUNNING once its rounds have run: its entry reads complete
 TIMED_OUT = "timed out"  # its wait's deadline passed: still in flight, as far as peers know
 PERSISTENT = "persistent"  # a *_init collective: in flight while its last Start's request is
 
@@ -65,7 +73,8 @@ def folder() -> str:
 # code's line table.
 SEQ, CODE, LASTI, T, STATE, SIGNED, TAG, ERROR, REQUEST, RUNNING, WHAT = range(11)
 # RUNNING: what the blocking driver (`engine.driver.run`) hands over while a blocking call
-# runs: its `Request` under a deadline, else (rounds done, the round in flight); None after
+# runs: its `Request` under a deadline, else (rounds done, the round in flight); DONE once
+# its rounds have run, None if they raised
 # WHAT: the call as its caller names it (`name_call`: "DDP bucket 3"), None as a rule
 _time = time.time
 _getframe = sys._getframe
@@ -102,7 +111,7 @@ def fail(entry: list, e: BaseException) -> None:
     entry[STATE], entry[ERROR] = FAILED, f"{type(e).__name__}: {_str(e)}"
     if isinstance(e, TimeoutError):
         entry[STATE] = TIMED_OUT
-        if entry[REQUEST] is None and not isinstance(entry[RUNNING], tuple):
+        if entry[REQUEST] is None and hasattr(entry[RUNNING], "_lock"):  # the Request
             entry[REQUEST] = entry[RUNNING]
 
 
@@ -229,9 +238,20 @@ def _live(entry: list) -> dict:
     return {}
 
 
+def _state(e: list) -> str:
+    """An entry's state: as stored, or (stored ``planned``) derived from what it holds."""
+    state = e[STATE]
+    if state != PLANNED:
+        return state
+    running, request = e[RUNNING], e[REQUEST]
+    if running is DONE or (request is not None and request.done):
+        return COMPLETE
+    return PLANNED if running is None and request is None else STARTED
+
+
 def _entry(e: list) -> dict:
     file, line = site(e)
-    d = {"seq": e[SEQ], "tag": e[TAG], "state": e[STATE], "file": file, "line": line,
+    d = {"seq": e[SEQ], "tag": e[TAG], "state": _state(e), "file": file, "line": line,
          "site": f"{file}:{line}" if e[WHAT] is None else f"{file}:{line} ({e[WHAT]})",
          "t": e[T],
          # an I-form's (and a persistent one's) entry holds its request from the start; a
@@ -249,8 +269,6 @@ def _entry(e: list) -> dict:
         d["state"], d["error"] = FAILED, f"{type(failed).__name__}: {_str(failed)}"
     if e[ERROR] is not None:
         d["error"] = e[ERROR]
-    if d["state"] == PLANNED and e[RUNNING] is not None:  # a blocking call in its rounds
-        d["state"] = STARTED
     if d["state"] in (PLANNED, STARTED, TIMED_OUT):
         d.update(_live(e))
     return d

@@ -104,6 +104,33 @@ def test_a_blocking_call_reads_planned_then_started_in_its_rounds_then_complete(
     assert calls_of(comm)[-1]["state"] == "complete"
 
 
+def test_an_i_forms_state_is_read_from_its_request(no_debug_check):
+    """An I-form's entry stores no state as it starts or completes: a dump reads started
+    while its request is in flight, complete once it is done; one whose first round
+    raises as it is posted reads failed (not planned, which the doctor takes for a hang)."""
+    class Posting(Loopback):  # its receive posted, its send not yet
+        def Isend(self, buf, dest, tag):  # noqa: N802
+            self.pending = buf[0]
+            return MPI.REQUEST_NULL
+
+    comm, x = Posting(), np.ones(1)
+    req = mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="recursive_doubling")
+    assert calls_of(comm)[-1]["state"] == "started"
+    comm.into[...] = comm.pending
+    req.wait()
+    assert x[0] == 2.0 and calls_of(comm)[-1]["state"] == "complete"
+
+    class Refusing(Loopback):
+        def Isend(self, buf, dest, tag):  # noqa: N802
+            raise RuntimeError("the link is down")
+
+    comm = Refusing()
+    with pytest.raises(RuntimeError, match="link"):
+        mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="recursive_doubling")
+    last = calls_of(comm)[-1]
+    assert last["state"] == "failed" and "link is down" in last["error"], last
+
+
 @pytest.mark.mpi(ranks=[1], timeout=60)
 def test_sigusr1_dumps_while_the_program_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("MPIDP_FLIGHT_DIR", str(tmp_path))
@@ -383,7 +410,8 @@ def test_no_module_reads_a_frames_locals():
 
 
 def test_the_blocking_driver_hands_the_record_its_round_and_its_request(monkeypatch):
-    """Without a deadline the entry holds (rounds done, the round in flight) while it runs;
+    """Without a deadline the entry holds (rounds done, the round in flight) while it runs,
+    `DONE` once they have run (the entry's state then reads complete), None if they raised;
     under one, the `Request`, which a passed deadline leaves for the dump to read."""
     from mpidp.collectives.algorithms.rounds import Recv, Send
     from mpidp.collectives.engine import completion, driver
@@ -398,8 +426,18 @@ def test_the_blocking_driver_hands_the_record_its_round_and_its_request(monkeypa
             seen.append(entry[flight.RUNNING])
 
     assert driver.run(comm, two_rounds(), 11, entry=entry) == 2
-    assert [count for count, _ in seen] == [0, 1] and entry[flight.RUNNING] is None
+    assert [count for count, _ in seen] == [0, 1] and entry[flight.RUNNING] is flight.DONE
     assert [type(m).__name__ for m in seen[1][1]] == ["Send", "Recv"]
+    entry[flight.STATE] = flight.PLANNED
+    assert flight._state(entry) == flight.COMPLETE
+
+    def raises():
+        yield [Send(np.ones(3), 0), Recv(np.zeros(3), 0)]
+        raise FloatingPointError("overflow")
+
+    with pytest.raises(FloatingPointError):
+        driver.run(comm, raises(), 13, entry=entry)
+    assert entry[flight.RUNNING] is None  # not complete: `fail` says why
 
     def never_sent():
         yield [Recv(np.zeros(3), 0)]

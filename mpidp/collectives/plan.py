@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import flight
 from ..config import debug_enabled
-from ..flight import COMPLETE, ERROR, SIGNED, STARTED, STATE, TAG
+from ..flight import COMPLETE, ERROR, SIGNED, STATE, TAG
 from .algorithms import Algorithm
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
@@ -185,8 +185,8 @@ class Call:
             self.state.requests.pop(self.slot, None)
             (self.state.unhold if self.persistent else self.state.release)(self.slot)
             self.slot = None
-        if self.entry is not None and self.entry[ERROR] is None:  # not failed nor timed out
-            self.entry[STATE] = COMPLETE  # (or failed while it ran: Request.error)
+        if self.persistent and self.entry is not None and self.entry[ERROR] is None:
+            self.entry[STATE] = COMPLETE  # freed (another call's state is derived)
 
     def failed(self, e: BaseException) -> None:
         """Planning or running raised `e`: the slot goes back, the record says why."""
@@ -238,20 +238,22 @@ class Plan:
 
     def start(self) -> Request:
         call, entry = self.call, self.call.entry
-        if entry is not None:
-            entry[STATE] = STARTED
-            if call.state.flight.agreeing is not None:  # (most calls: no `started()` to call)
-                call.state.flight.started()
+        if entry is not None and call.state.flight.agreeing is not None:
+            call.state.flight.started()  # (most calls: no `started()` to call)
         try:
             request = Request(call.comm, self.algo(*self.args), self.tag, self.completed,
                               self.stager, self.free)
+        except BaseException as e:  # its first round's own work (its slot is back)
+            if entry is not None:
+                flight.fail(entry, e)
+            raise
         finally:
             if call.starting:  # (MPIDP_DEBUG) the I-form has returned: its start is over
                 call.started()
         if call.slot is not None and not request.done:  # mpidp.Comm.Free completes it
             call.state.requests[call.slot] = request
-        if entry is not None:
-            entry[flight.REQUEST] = request  # read by a flight dump, for the round in flight
+        if entry is not None:  # read by a flight dump, for its state and round in flight
+            entry[flight.REQUEST] = request
         return request
 
     def run(self) -> None:

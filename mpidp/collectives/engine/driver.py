@@ -84,6 +84,7 @@ def exchange(comm, round_: Round, tag: int, stager: Stager | None = None) -> Non
 
 
 _RUNNING = flight.RUNNING  # (one global load a round, not two)
+_DONE = flight.DONE
 
 
 def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = None,
@@ -95,7 +96,9 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
     way after its round's messages are done with). With ``MPIDP_TIMEOUT`` set, the
     rounds are polled against that deadline instead (`Request`). `entry`: the call's
     flight record, handed what runs (``flight.RUNNING``) so that a dump can say which
-    round is in flight; a deadline that passes leaves the request there.
+    round is in flight, and ``flight.DONE`` once all have run (its state derived from
+    it: no other store marks a blocking call complete); a deadline that passes leaves
+    the request there.
     """
     if default_timeout() is not None:
         if entry is not None:  # (started, as the request posts its first round)
@@ -105,7 +108,7 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
             entry[_RUNNING] = request
         request.wait()
         if entry is not None:
-            entry[_RUNNING] = None
+            entry[_RUNNING] = _DONE
         return request.rounds
     count = 0
     try:
@@ -115,12 +118,13 @@ def run(comm, rounds: Rounds, tag: int, on_done: Callable[[], None] | None = Non
             exchange(comm, round_, tag, stager)
             count += 1
     except BaseException:
+        if entry is not None:
+            entry[_RUNNING] = None  # pins none of the caller's arrays
         if on_fail is not None:
             on_fail()
         raise
-    finally:
-        if entry is not None:
-            entry[_RUNNING] = None  # pins none of the caller's arrays once done
+    if entry is not None:  # (the entry's state reads "complete" from here on; it pins
+        entry[_RUNNING] = _DONE  # none of the caller's arrays)
     if on_done is not None:
         on_done()
     return count
