@@ -169,7 +169,8 @@ lint: $(STAMP)
 # Everything goes to $(BENCH_OUT)/ (git-ignored): bench/ the raw rows and the other
 # subcommands' output, img/ the plots, benchmarks.md the page; nothing tracked changes.
 # With MPI=openmpi (or system) into $(BENCH_OUT)/openmpi/ (or system/).
-# `make bench-publish` (after `make bench`, same MPI=) then copies those results into docs/:
+# `make bench-publish` (after `make bench`, same MPI=) then copies those results into docs/
+# (a calibration whose fit found no cost for a term is not: docs keep theirs, tools/calibration):
 # with the default MPI (the mpich wheel) docs/bench, docs/img, docs/benchmarks.md, the
 # README's headline and docs/overlap.md's tables; with MPI=openmpi docs/bench/openmpi,
 # docs/img/openmpi and docs/benchmarks-openmpi.md only, linked from docs/benchmarks.md (where
@@ -188,6 +189,8 @@ BENCH_PEER_PAGE := $(if $(BENCH_PEER),--notes "" --title "Benchmarks against $(B
 BENCH_DOCS := $(if $(BENCH_PEER),--see-also docs/benchmarks.md,\
   --readme README.md --overlap-doc docs/overlap.md --see-also docs/benchmarks-openmpi.md)
 BENCH_RESULTS := collectives-n* overlap-n* calibrate-n*
+# (the calibrations go through tools.calibration, which refuses a fit that found no cost)
+BENCH_COPIED := collectives-n* overlap-n*
 bench: BENCH_RANKS ?= 2 4
 bench: BENCH_RUNS ?= 3
 bench: BENCH_MAX ?= 64MiB
@@ -216,8 +219,9 @@ bench-publish: $(STAMP)
 	@ls $(BENCH_DATA)/collectives-n*.json > /dev/null 2>&1 || { echo "make bench-publish: \
 	  no results in $(BENCH_DATA): run make bench$(if $(BENCH_PEER), MPI=$(MPI)) first" >&2; exit 2; }
 	mkdir -p $(DOCS_DATA) $(DOCS_IMG)
-	rm -f $(addprefix $(DOCS_DATA)/,$(BENCH_RESULTS))
-	cp $(addprefix $(BENCH_DATA)/,$(BENCH_RESULTS)) $(DOCS_DATA)/
+	rm -f $(addprefix $(DOCS_DATA)/,$(BENCH_COPIED))
+	cp $(addprefix $(BENCH_DATA)/,$(BENCH_COPIED)) $(DOCS_DATA)/
+	$(PY) -m tools.calibration $(BENCH_DATA) $(DOCS_DATA)
 	cp $(BENCH_IMG)/overlap-n*.png $(DOCS_IMG)/
 	$(PY) -m tools.report --data $(DOCS_DATA) --img $(DOCS_IMG) --out $(DOCS_PAGE) \
 	  $(BENCH_PEER_PAGE) $(BENCH_DOCS) --note "$(BENCH_NOTE)"

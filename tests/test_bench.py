@@ -577,6 +577,35 @@ def test_make_bench_publish_writes_the_pages_in_docs():
         assert page in written, written
 
 
+def test_bench_publish_keeps_docs_calibration_in_place_of_a_fit_that_found_no_cost(
+        tmp_path, capsys):
+    """A calibration whose fit set γ (or β) to 0 would make every reduction free in
+    docs/simulator.md's predictions: `make bench-publish` copies the others, keeps the
+    one in docs/, and says why (tools/calibration.py)."""
+    from tools import calibration
+
+    src, dest = tmp_path / "bench", tmp_path / "docs"
+    src.mkdir()
+    dest.mkdir()
+    good = "# fixed = 0.00 µs/call, alpha = 4.11 µs/round, beta = 0.1123 ns/B (8.91 GB/s), " \
+           "gamma = 0.0089 ns/B (111.90 GB/s)\n"
+    (src / "calibrate-n2.txt").write_text(good)
+    (src / "calibrate-n4.txt").write_text(good.replace("0.0089 ns/B (111.90 GB/s)",
+                                                       "0.0000 ns/B (no cost found)"))
+    (dest / "calibrate-n4.txt").write_text("the published one\n")
+    assert calibration.main([str(src), str(dest)]) == 0
+    assert (dest / "calibrate-n2.txt").read_text() == good
+    assert (dest / "calibrate-n4.txt").read_text() == "the published one\n"
+    err = capsys.readouterr().err
+    assert "calibrate-n4.txt: the fit found no cost" in err and "is kept" in err, err
+    assert "calibrate-n2" not in err, err
+    if shutil.which("make") is not None:
+        out = subprocess.run(["make", "-n", "bench-publish"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert "-m tools.calibration " in out.stdout, out.stdout
+        assert "calibrate-n" not in out.stdout.replace("tools.calibration", ""), out.stdout
+
+
 def test_the_page_builders_live_outside_the_package_and_the_makefile_runs_them():
     """tools/ turns the JSON into pages and judges the targets; mpidp imports none of it,
     and `make bench-publish` and `make overlap-hosts-doc` run it from there."""
