@@ -3,11 +3,13 @@ ranks up, and the dumps (on demand, on SIGUSR1), checked in the ranks of one job
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import sys
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -119,6 +121,11 @@ def test_an_i_forms_state_is_read_from_its_request(no_debug_check):
     comm.into[...] = comm.pending
     req.wait()
     assert x[0] == 2.0 and calls_of(comm)[-1]["state"] == "complete"
+    # the entry holds the request, and a done request holds no comm: else this comm-like
+    # would live as long as its own state (`state._unwrapped`), its recorder in a later
+    # test's dump of a 1-rank job (a 2-rank comm there: the doctor refuses the record)
+    posted = weakref.ref(state(comm).flight)
+    del comm, req
 
     class Refusing(Loopback):
         def Isend(self, buf, dest, tag):  # noqa: N802
@@ -129,6 +136,10 @@ def test_an_i_forms_state_is_read_from_its_request(no_debug_check):
         mpidp.iallreduce(comm, MPI.IN_PLACE, x, algorithm="recursive_doubling")
     last = calls_of(comm)[-1]
     assert last["state"] == "failed" and "link is down" in last["error"], last
+    refused = weakref.ref(state(comm).flight)
+    del comm
+    gc.collect()  # (the failed request and its exception's traceback hold each other)
+    assert posted() is None and refused() is None
 
 
 @pytest.mark.mpi(ranks=[1], timeout=60)

@@ -220,8 +220,10 @@ class Request(Polled):
             if self._on_done is not None:
                 self._on_done()
             # a completed request pins no buffer: its generator, callback and stager
-            # reference the caller's arrays, which may be freed now (ZeRO stage 2's buckets)
-            self._rounds = self._on_done = self._on_fail = self._stager = None
+            # reference the caller's arrays, which may be freed now (ZeRO stage 2's buckets);
+            # nor its communicator: a comm-like's state, whose flight record holds this
+            # request, is kept while the comm-like lives (`state`), and would keep it alive
+            self._rounds = self._on_done = self._on_fail = self._stager = self._comm = None
             return
         self.rounds += 1
         fill = None
@@ -243,6 +245,7 @@ class Request(Polled):
         self.error, self._reqs, self._round = exc, [], None
         on_fail = self._on_fail
         self._rounds = self._on_done = self._on_fail = self._stager = self._finish = None
+        self._comm = None
         if on_fail is not None:
             on_fail()
 
