@@ -599,6 +599,11 @@ def test_bench_publish_keeps_docs_calibration_in_place_of_a_fit_that_found_no_co
     err = capsys.readouterr().err
     assert "calibrate-n4.txt: the fit found no cost" in err and "is kept" in err, err
     assert "calibrate-n2" not in err, err
+    (src / "calibrate-n8.txt").write_bytes(b"\xff not a calibration")  # refused, one line
+    with pytest.raises(SystemExit) as ended:
+        calibration.main([str(src), str(dest)])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "calibrate-n8.txt: not UTF-8" in last, last
     if shutil.which("make") is not None:
         out = subprocess.run(["make", "-n", "bench-publish"], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)

@@ -7,8 +7,9 @@ loaded or oversubscribed machine the fit can set β or γ to 0, and it then prin
 cost found" beside that term. docs/simulator.md's predictions (`mpidp.sim predict
 --calibration docs/bench/calibrate-n4.txt`) read these files, and a γ of 0 would make
 every reduction free in them. So `make bench-publish` copies each ``calibrate-n<N>.txt``
-with a fit of every term, and keeps the one in docs/ in place of a fit without one,
-saying so on stderr.
+with a fit of every term (read as `mpidp.sim predict` reads it), and keeps the one in
+docs/ in place of a fit without one, saying so on stderr; a file it cannot read ends it
+with one line (exit 2).
 """
 
 from __future__ import annotations
@@ -16,27 +17,28 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import shutil
 import sys
 
-NO_COST = "no cost found"  # what `bench.calibrate.rate` prints for a term fitted to 0
+from mpidp import files, untrusted
+from mpidp.sim.predict import MAX_INPUT, read_calibration
 
 
 def publish(src: str, dest: str) -> list[str]:
-    """Copy `src`'s calibrate-n*.txt into `dest`, except a fit that found no cost; return
-    a line for each file that was not copied."""
+    """Copy `src`'s calibrate-n*.txt into `dest` (`files.write_text`), except a fit whose β
+    or γ is 0, read as `mpidp.sim predict` reads it; return a line for each file refused
+    (untrusted.InputError for one it cannot read)."""
     refused = []
     for path in sorted(glob.glob(os.path.join(src, "calibrate-n*.txt"))):
         name = os.path.basename(path)
-        with open(path, encoding="utf-8") as f:
-            fit = f.read()
-        if NO_COST in fit:
+        fit = read_calibration(path)
+        if fit.beta <= 0 or fit.gamma <= 0:
             kept = os.path.exists(os.path.join(dest, name))
-            refused.append(f"{path}: the fit found no cost for a term ({NO_COST!r}: a "
-                           f"loaded machine?), so it is not published; "
+            refused.append(f"{path}: the fit found no cost for a term (beta {fit.beta:g}, "
+                           f"gamma {fit.gamma:g} s/B: a loaded machine?), so it is not "
+                           "published; "
                            + (f"{dest}/{name} is kept" if kept else f"{dest} has no {name}"))
             continue
-        shutil.copyfile(path, os.path.join(dest, name))
+        files.write_text(os.path.join(dest, name), untrusted.read_text(path, MAX_INPUT))
     return refused
 
 
@@ -45,7 +47,11 @@ def main(argv=None) -> int:
     p.add_argument("src", help="make bench's data folder (bench-out/bench)")
     p.add_argument("dest", help="docs' data folder (docs/bench)")
     args = p.parse_args(argv)
-    for line in publish(args.src, args.dest):
+    try:
+        refused = publish(args.src, args.dest)
+    except (untrusted.InputError, files.WriteError) as e:
+        p.error(str(e))
+    for line in refused:
         print(f"make bench-publish: {line}", file=sys.stderr)
     return 0
 
