@@ -20,17 +20,18 @@ import os
 import sys
 
 from mpidp import files, untrusted
-from mpidp.sim.predict import MAX_INPUT, read_calibration
+from mpidp.sim.predict import MAX_INPUT, parse_calibration
 
 
 def publish(src: str, dest: str) -> list[str]:
     """Copy `src`'s calibrate-n*.txt into `dest` (`files.write_text`), except a fit whose β
-    or γ is 0, read as `mpidp.sim predict` reads it; return a line for each file refused
+    or γ is 0, parsed as `mpidp.sim predict` parses it; return a line for each file refused
     (untrusted.InputError for one it cannot read)."""
     refused = []
     for path in sorted(glob.glob(os.path.join(src, "calibrate-n*.txt"))):
         name = os.path.basename(path)
-        fit = read_calibration(path)
+        text = untrusted.read_text(path, MAX_INPUT)  # read once: judged and copied alike
+        fit = parse_calibration(text, path)
         if fit.beta <= 0 or fit.gamma <= 0:
             kept = os.path.exists(os.path.join(dest, name))
             refused.append(f"{path}: the fit found no cost for a term (beta {fit.beta:g}, "
@@ -38,7 +39,7 @@ def publish(src: str, dest: str) -> list[str]:
                            "published; "
                            + (f"{dest}/{name} is kept" if kept else f"{dest} has no {name}"))
             continue
-        files.write_text(os.path.join(dest, name), untrusted.read_text(path, MAX_INPUT))
+        files.write_text(os.path.join(dest, name), text)
     return refused
 
 

@@ -222,7 +222,11 @@ def switches(collective: str, N: int, net: Network, largest: int = 1 << 30) -> s
 
 def read_calibration(path: str) -> Network:
     """α, β, γ and the fixed cost from `python -m mpidp.bench calibrate`'s output."""
-    text = untrusted.read_text(path, MAX_INPUT)
+    return parse_calibration(untrusted.read_text(path, MAX_INPUT), path)
+
+
+def parse_calibration(text: str, path: str) -> Network:
+    """`read_calibration` of a file's `text` already read (`path`: named in its errors)."""
     found = {}
     for name, unit in (("fixed", "µs"), ("alpha", "µs"), ("beta", "ns"), ("gamma", "ns")):
         m = re.search(rf"{name} = ([0-9.eE+-]+) {unit}", text)
