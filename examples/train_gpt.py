@@ -122,6 +122,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
     opt = ddp.optimizer  # with --zero, this rank's shard's
+    K = A if args.deterministic and ddp.reducer.splits_shards else 1  # shards side by side
     entropy = text.unigram_entropy()
     if rank == 0:
         print(f"mpidp: {size} rank(s), GPT {args.layers} layers x {args.heads} heads x "
@@ -203,15 +204,18 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         with stepflags.joined(args, ddp, finish_step):
             for step in range(first, len(batches)):
                 t0 = time.perf_counter()
-                for a, seqs in enumerate(batches[step]):
-                    x, y = data.batch(text.train, seqs, T)  # (b, T) each
-                    with ddp.no_sync() if a < A - 1 else nullcontext():
-                        logits = ddp.forward(model.xp.asarray(x))  # (b, T, V)
-                        loss, dlogits = token_cross_entropy(logits, model.xp.asarray(y))
+                # --deterministic: the A micro-shards side by side, one forward and backward
+                # (ZeRO 2, 3: one each, their buckets made by backward); the same bits
+                micro = [np.concatenate(batches[step])] if K > 1 else batches[step]
+                for a, seqs in enumerate(micro):
+                    x, y = data.batch(text.train, seqs, T)  # (K*b, T) each
+                    with ddp.no_sync() if a < len(micro) - 1 else nullcontext():
+                        logits = ddp.forward(model.xp.asarray(x), micro_shards=K)  # (Kb, T, V)
+                        loss, dlogits = token_cross_entropy(logits, model.xp.asarray(y), K)
                         if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
                             dlogits /= A  # the mean over A micro-batches of b = over A*b
                         ddp.backward(dlogits)
-                    since["loss"] += loss / A
+                    since["loss"] += loss / len(micro)
                 finish_step(t0)
                 if state["stop"]:
                     break

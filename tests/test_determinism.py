@@ -351,24 +351,27 @@ def gpt_trainer():
 @pytest.mark.mpi(ranks=[4], timeout=240)
 def test_the_gpt_trainer_leaves_the_same_checkpoint_on_1_3_and_4_ranks(mpi_ranks, shared_dir):
     """`train_gpt.py --deterministic` (a tiny GPT, its tied embedding included): the 4-rank
-    world, then 1 + 3 ranks side by side; parameters and AdamW's state bitwise equal."""
+    world, then 1 + 3 ranks side by side; parameters and AdamW's state bitwise equal. Each
+    rank's micro-shards go side by side in one forward (`DataParallel.forward`'s
+    micro_shards), but under --zero 2 one forward each: a 4-rank world of that too."""
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     module = gpt_trainer()
     common = ["--deterministic", "--dtype", "float32", "--max-steps", "3", "--global-batch",
               "12", "--layers", "1", "--width", "16", "--heads", "2", "--context", "8",
               "--corpus-mb", "0.25", "--eval-every", "100", "--progress", "never"]
-    paths = {k: os.path.join(shared_dir, f"gpt-{k}.npz") for k in (1, 3, 4)}
-    for colors in ([0, 0, 0, 0], [0, 1, 1, 1]):
+    paths = {k: os.path.join(shared_dir, f"gpt-{k}.npz") for k in (1, 3, 4, "4, --zero 2")}
+    for colors, zero in (([0, 0, 0, 0], 0), ([0, 1, 1, 1], 0), ([0, 0, 0, 0], 2)):
         comm = world.Split(colors[rank], rank)
-        args = module.parse_args([*common, "--checkpoint", paths[comm.Get_size()]])
+        key = f"{comm.Get_size()}, --zero 2" if zero else comm.Get_size()
+        args = module.parse_args([*common, "--zero", str(zero), "--checkpoint", paths[key]])
         with watchdog.guard("auto", "training") as dog, threadpool_limits(1, user_api="blas"):
             assert module.train(args, comm, dog) == 0
         comm.Free()
     world.Barrier()  # every checkpoint is written
-    states = {k: read(p) for k, p in sorted(paths.items())}
+    states = {k: read(p) for k, p in paths.items()}
     names = [n for n in states[1] if n.startswith(("param/", "optim/"))]
     assert any(n.startswith("optim/") for n in names), list(states[1])
-    for k in (3, 4):
+    for k in (3, 4, "4, --zero 2"):
         for name in names:
             assert np.array_equal(states[k][name], states[1][name]), (k, name)

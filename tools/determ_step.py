@@ -6,9 +6,12 @@
 Builds the trainer's model twice at its default settings (examples/train_mlp.py,
 examples/train_gpt.py: their parsers' defaults), one `DataParallel` default and one
 deterministic, and runs their steps in turn (default, deterministic, default, ...) on
-the same batches. Each deterministic step is cut into: ``compute`` (forwards, losses
-and backwards of the K micro-shards, less what follows), ``keep`` (the parts' copies,
-`determinism.keep_apart`), ``start`` (starting the exact sums, `determinism.exact`),
+the same batches. The deterministic step is the trainer's: the GPT's K micro-shards
+side by side in one forward and backward (``ddp.forward(x, micro_shards=K)``), the
+MLP's one forward and backward each (``--looped``: the GPT's too, as before). Each
+deterministic step is cut into: ``compute`` (forwards, losses and backwards of the K
+micro-shards, less what follows), ``keep`` (the parts' copies,
+`determinism.keep_apart`; side by side, `determinism.part_grads`' buffers), ``start`` (starting the exact sums, `determinism.exact`),
 ``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`),
 ``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
 Prints rank 0's medians (ms) and the ratio of the medians of the whole steps.
@@ -28,6 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 from mpidp import collectives  # noqa: E402
+from mpidp.training import ddp as ddp_module  # noqa: E402
 from mpidp.training import reducers, trainer  # noqa: E402
 
 TIMES: dict[str, float] = {}
@@ -44,6 +48,7 @@ def timed(key, fn):
 
 
 reducers.keep_apart = timed("keep", reducers.keep_apart)
+ddp_module.part_grads = timed("keep", ddp_module.part_grads)
 reducers.exact = timed("start", reducers.exact)
 collectives.testall = timed("progress", collectives.testall)  # ddp's calls: the sums' rounds
 
@@ -88,13 +93,16 @@ def setup(which: str, comm, deterministic: bool):
     return args, ddp, A, batch, loss_fn
 
 
-def step(ddp, A, batches, loss_fn, deterministic):
+def step(ddp, A, batches, loss_fn, deterministic, together):
     TIMES.clear()
     t0 = time.perf_counter()
+    K = A if together else 1  # the micro-shards side by side
+    if together:
+        batches = [tuple(np.concatenate(z) for z in zip(*batches, strict=True))]
     for a, (x, y) in enumerate(batches):
-        with ddp.no_sync() if a < A - 1 else nullcontext():
-            logits = ddp.forward(x)
-            loss, dlogits = loss_fn(logits, y)
+        with ddp.no_sync() if a < len(batches) - 1 else nullcontext():
+            logits = ddp.forward(x, micro_shards=K)
+            loss, dlogits = loss_fn(logits, y, K)
             if A > 1 and not deterministic:
                 dlogits /= A
             ddp.backward(dlogits)
@@ -113,6 +121,8 @@ def main():
     p.add_argument("which", choices=["mlp", "gpt"])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--looped", action="store_true",
+                   help="the GPT's deterministic step one forward and backward per shard")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     runs = {False: setup(a.which, comm, False), True: setup(a.which, comm, True)}
@@ -122,7 +132,8 @@ def main():
             args, ddp, A, batch, loss_fn = runs[det]
             batches = [batch(s, k) for k in range(A)]
             comm.Barrier()
-            r = step(ddp, A, batches, loss_fn, det)
+            together = det and a.which == "gpt" and not a.looped
+            r = step(ddp, A, batches, loss_fn, det, together)
             if s >= a.warmup:
                 rows[det].append(r)
     if comm.Get_rank() == 0:
@@ -136,7 +147,8 @@ def main():
                                                            med.items()))
         ratio = (statistics.median(r["step"] for r in rows[True])
                  / statistics.median(r["step"] for r in rows[False]))
-        print(f"{a.which} ratio {ratio:.2f}x  load {load:.2f}")
+        way = "looped" if a.looped or a.which == "mlp" else "side by side"
+        print(f"{a.which} ratio {ratio:.2f}x ({way})  load {load:.2f}")
     for det in (False, True):
         runs[det][1].close()
 

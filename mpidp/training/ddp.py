@@ -37,7 +37,10 @@ equal shards is the mean over all N·b samples, up to rounding. ``deterministic=
 makes it exact: every backward is one micro-shard (`determinism.py`), kept apart under
 ``no_sync()``, and the synced backward launches per bucket the exact average of all
 ranks' micro-shards, whose bits depend only on the multiset of addends. Pass each
-micro-shard's mean-loss gradient as it is (no 1/A).
+micro-shard's mean-loss gradient as it is (no 1/A). ``forward(x, micro_shards=K)``
+takes K of them side by side in one forward and one backward, with the same bits
+(a model that keeps them apart, `protocol.py`'s ``part_grads``; not ZeRO 2, 3, whose
+buckets are made during backward): the K backward passes' compute in one.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from .. import collectives as mp
 from . import hooks, pieces, polling
 from . import join as uneven_inputs
 from .buckets import Bucket, make_buckets, times, units
-from .determinism import check_reproducible
+from .determinism import check_reproducible, part_grads
+from .protocol import splits_shards
 from .reducers import STAGES, AllReduce
 from .replicas import check_replicas, replicate
 from .sharded import ReduceScatter
@@ -145,6 +149,7 @@ class DataParallel:
                                deterministic=deterministic, **extra)
         self.optimizer = self.reducer.optimizer
         self._sync, self._micro, self._launching, self.t_backward = True, 0, False, 0.0
+        self._shards = 1  # micro-shards side by side in this forward (deterministic mode)
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}
         self.on_layer = None  # forward's per-unit hook (a tracer's)
         self.thread = None if thread is None else polling.ProgressThread(thread, self._inflight)
@@ -176,9 +181,34 @@ class DataParallel:
 
     # ------------------------------------------------------------ training step
 
-    def forward(self, x):
+    def forward(self, x, micro_shards: int = 1):
+        """The model's forward. ``micro_shards=K`` (deterministic mode): x is K micro-shards
+        of equal size side by side, and the backward that follows keeps their gradients
+        apart, bitwise as K backward passes (the first K - 1 inside `no_sync()`) would."""
+        self._check_shards(x, micro_shards)
+        self._shards = micro_shards
         self.reducer.before_forward()
         return self.model.forward(x, on_layer=self._layer_done)
+
+    def _check_shards(self, x, k) -> None:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"micro_shards must be an int >= 1, not {k!r}")
+        if k == 1:
+            return
+        if not self.deterministic:
+            raise ValueError("micro_shards is deterministic mode's (deterministic=True): "
+                             "without it a batch of K micro-shards is one batch")
+        if not splits_shards(self.model):
+            raise TypeError(f"micro_shards: {type(self.model).__name__}'s backward does not "
+                            "keep micro-shards apart (protocol.py: part_grads); run one "
+                            "forward and backward per micro-shard, inside no_sync()")
+        if not self.reducer.splits_shards:
+            raise ValueError(f"micro_shards: ZeRO stage {self.zero} makes each bucket during "
+                             "backward; run one forward and backward per micro-shard, "
+                             "inside no_sync()")
+        if getattr(x, "shape", (k,))[0] % k:
+            raise ValueError(f"micro_shards={k}: {x.shape[0]} samples do not split into "
+                             f"{k} equal micro-shards")
 
     def _layer_done(self, i: int) -> None:
         if self.on_layer is not None:
@@ -200,6 +230,8 @@ class DataParallel:
         self.reducer.before_backward()
         cut = {} if self.row_stops is None else {"row_stops": self.row_stops,
                                                   "on_rows": self.on_rows}
+        if self._shards > 1:  # deterministic: each micro-shard's gradient a part of its own
+            cut["part_grads"] = part_grads(self.buckets, self.model.grads, self._shards)
         self.model.backward(dlogits, on_grad=self.on_grad,
                             accumulate=self.reducer.accumulate(self._micro), **cut)
         t1 = time.perf_counter()

@@ -14,6 +14,14 @@ The reducers' part of it is here too: `keep_apart` keeps each ``no_sync()``
 backward's gradients as a part of its bucket, and `exact` starts the exact average
 of a bucket's parts, all ranks'.
 
+One backward may also hold K micro-shards side by side (``ddp.forward(x,
+micro_shards=K)``, a model whose backward takes ``part_grads``, `protocol.py`): the
+forward of a sample does not depend on the others beside it (a GEMM per sample, rows
+normalized alone), and the backward computes each shard's parameter gradients by the
+same NumPy call on the same rows as K backward passes would (`layers.shard_rows`).
+`part_grads` gives each bucket K - 1 more parts for them: one forward, one backward,
+the same bits; the GPT's deterministic step so costs about its default step's compute.
+
 What this module refuses, since it would break that claim silently:
 more than one BLAS thread, MKL without a fixed code path (``MKL_CBWR``), GPU
 arrays (cuBLAS picks kernels by heuristics), and a micro-shard size M that does
@@ -86,6 +94,23 @@ def keep_apart(buckets, synced: bool) -> None:
             b.parts = []
         else:
             b.parts.append(b.flat.copy())
+
+
+def part_grads(buckets, grads, k: int) -> list[dict]:
+    """K - 1 more parts for each bucket, kept after its earlier ones (``b.parts``), and the
+    K - 1 dicts of views into them, each laid out as ``grads`` is in the bucket: where a
+    backward of K micro-shards writes the first K - 1 shards' gradients."""
+    views = [{} for _ in range(k - 1)]
+    for b in buckets:
+        new = [np.empty_like(b.flat) for _ in range(k - 1)]
+        b.parts.extend(new)
+        for name in b.names:
+            g = grads[name]
+            at = (g.ctypes.data - b.flat.ctypes.data) // g.itemsize  # where in the bucket
+            assert 0 <= at and at + g.size <= b.flat.size, (name, at)
+            for part, view in zip(new, views, strict=True):
+                view[name] = part[at:at + g.size].reshape(g.shape)
+    return views
 
 
 def exact(comm, b, out, algorithm: str, counts=None, uneven=None):

@@ -53,10 +53,14 @@ def gpt_param_count(vocab: int, context: int, width: int, n_layer: int) -> int:
     return vocab * C + context * C + n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
-def token_cross_entropy(logits, targets) -> tuple[float, object]:
-    """Mean cross-entropy per token (nats) of logits (B, T, V) for targets (B, T); dlogits."""
+def token_cross_entropy(logits, targets, shards: int = 1) -> tuple[float, object]:
+    """Mean cross-entropy per token (nats) of logits (B, T, V) for targets (B, T); dlogits
+    (`shards`: of each of K micro-shards' B/K·T tokens, `softmax_cross_entropy`)."""
     B, T, V = logits.shape
-    loss, dlogits = softmax_cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
+    if B % shards:
+        raise ValueError(f"{B} samples do not split into {shards} micro-shards")
+    loss, dlogits = softmax_cross_entropy(logits.reshape(B * T, V), targets.reshape(-1),
+                                          shards)
     return loss, dlogits.reshape(B, T, V)  # (B, T, V), the mean over all B·T tokens
 
 
@@ -72,6 +76,8 @@ class GPT:
     ``sizes`` (V, T, L, nh, C) and ``activation`` ("gelu") are what a checkpoint
     records of the model's shape.
     """
+
+    splits_shards = True  # backward takes part_grads (protocol.py)
 
     def __init__(self, vocab: int, context: int, n_layer: int = 2, n_head: int = 4,
                  width: int = 64, dtype="float32", seed: int = 0, device: str = "cpu"):
@@ -109,6 +115,7 @@ class GPT:
         self.params = {k: self.xp.asarray(v.astype(self.dtype)) for k, v in host.items()}
         self.grads = {k: self.xp.zeros_like(p) for k, p in self.params.items()}
         self.cache = None
+        self._parts = []  # backward's part_grads, while it runs
 
     def names(self, i: int) -> tuple[str, ...]:
         """The parameters whose gradients unit i writes (``wte``: units 1 and L+2)."""
@@ -134,8 +141,15 @@ class GPT:
         x = x + h  # (B, T, C) residual
         return x, (c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj)
 
+    def _target(self, name: str):
+        """Where backward writes `name`'s gradient: ``grads[name]``, or with ``part_grads``
+        the tuple of each micro-shard's array, the last one ``grads[name]`` (`layers.each`)."""
+        if not self._parts:
+            return self.grads[name]
+        return (*[part[name] for part in self._parts], self.grads[name])
+
     def _block_backward(self, dx, cache, blk: int, acc: bool):
-        g = {n: self.grads[f"h{blk}.{n}"] for n in BLOCK}
+        g = {n: self._target(f"h{blk}.{n}") for n in BLOCK}
         p = {n: self.params[f"h{blk}.{n}"] for n in BLOCK}
         c_ln1, c_qkv, c_att, c_proj, c_ln2, c_fc, c_gelu, c_fcproj = cache
         dh = ops.linear_backward(dx, c_fcproj, p["fcproj_w"], g["fcproj_w"], g["fcproj_b"],
@@ -150,7 +164,8 @@ class GPT:
         # the key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
         # is exactly 0; written so, rather than as rounding noise that Adam would scale up and
         # that would make N ranks differ from one rank by more than rounding
-        g["attn_b"][self.width:2 * self.width] = 0
+        for attn_b in ops.each(g["attn_b"]):
+            attn_b[self.width:2 * self.width] = 0
         return dx + ops.layernorm_backward(dh, c_ln1, p["ln1_g"], g["ln1_g"], g["ln1_b"],
                                            acc)  # (B, T, C)
 
@@ -176,28 +191,38 @@ class GPT:
         return logits
 
     def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
-                 accumulate: bool = False) -> None:
+                 accumulate: bool = False, part_grads=()) -> None:
         """Fill ``grads`` from the head to the embedding; ``on_grad(i)`` after unit i.
 
         Args:
             dlogits: (B, T, V) gradient of the loss with respect to the logits.
             accumulate: add to ``grads`` (micro-batches) instead of overwriting them.
+            part_grads: K - 1 dicts like ``grads``: the batch is then K micro-shards of
+                B/K samples, the first K - 1's gradients written into these, the last
+                one's into ``grads``, each bitwise what its backward alone would write
+                (`layers.shard_rows`; deterministic mode, `DataParallel.backward`).
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
+        if dlogits.shape[0] % (len(part_grads) + 1):
+            raise ValueError(f"{dlogits.shape[0]} samples do not split into "
+                             f"{len(part_grads) + 1} micro-shards")
         hook = on_grad or (lambda i: None)
         c_emb, blocks, c_lnf, c_head = self.cache
-        g = self.grads
-        dx = ops.head_backward(dlogits, c_head, self.params["wte"], g["wte"],
-                               accumulate)  # (B, T, C), wte's first part
-        dx = ops.layernorm_backward(dx, c_lnf, self.params["lnf_g"], g["lnf_g"],
-                                    g["lnf_b"], accumulate)
-        hook(self.layers)
-        for blk in range(self.n_layer, 0, -1):
-            dx = self._block_backward(dx, blocks[blk - 1], blk, accumulate)  # (B, T, C)
-            hook(blk + 1)
-        ops.embedding_backward(dx, c_emb, g["wte"], g["wpe"], accumulate)  # wte: adds
-        hook(1)
+        self._parts, t = list(part_grads), self._target
+        try:
+            dx = ops.head_backward(dlogits, c_head, self.params["wte"], t("wte"),
+                                   accumulate)  # (B, T, C), wte's first part
+            dx = ops.layernorm_backward(dx, c_lnf, self.params["lnf_g"], t("lnf_g"),
+                                        t("lnf_b"), accumulate)
+            hook(self.layers)
+            for blk in range(self.n_layer, 0, -1):
+                dx = self._block_backward(dx, blocks[blk - 1], blk, accumulate)  # (B, T, C)
+                hook(blk + 1)
+            ops.embedding_backward(dx, c_emb, t("wte"), t("wpe"), accumulate)  # wte: adds
+            hook(1)
+        finally:
+            self._parts = []
         self.cache = None
 
     def loss(self, idx, targets) -> tuple[float, object]:

@@ -10,8 +10,9 @@ many of them are still training:
     rank 2 (1 step)    agree | step 1 | agree | shadow | agree | shadow | agree: 0, done
     training           3               2                1                0
 
-The agreement is one all-reduce (SUM) of three integers per rank: trains (1, 0 once
-joined), its backward syncs (not inside ``no_sync()``), a broken promise (below). A rank
+The agreement is one all-reduce (SUM) of four integers per rank: trains (1, 0 once
+joined), its backward syncs (not inside ``no_sync()``), a broken promise (below), the
+micro-shards of its forward (``ddp.forward(x, micro_shards=K)``; 0 once joined). A rank
 whose loop is over keeps calling it; while some rank still trains it shadows that
 step: it runs `DataParallel`'s forward, backward and the step function (``step=``,
 default ``ddp.step``) on a stand-in of the model (`Shadow`) that computes nothing and
@@ -36,7 +37,7 @@ backward), and a rank leaves its loop only between steps (not with accumulated
 micro-batches whose samples would be lost). Collectives of your own inside the loop
 (a loss all-reduce) are not shadowed: put them in ``step=`` or after the block.
 
-Cost: one all-reduce of 3 integers per forward (``recursive_doubling``: about log N rounds),
+Cost: one all-reduce of 4 integers per forward (``recursive_doubling``: about log N rounds),
 and on a joined rank the step's communication with no compute.
 """
 
@@ -49,7 +50,7 @@ import numpy as np
 
 from .. import collectives as mp
 
-TRAINS, SYNCS, BROKEN = 0, 1, 2  # the agreement's fields
+TRAINS, SYNCS, BROKEN, SHARDS = 0, 1, 2, 3  # the agreement's fields
 
 
 class Shadow:
@@ -87,7 +88,8 @@ class Joining:
     def __init__(self, inner, ddp):
         self.inner, self.ddp = inner, ddp
         self.shadowing = False  # this rank's loop is over: its forwards agree no more
-        self.trained, self.synced, self.rounds = 0, True, 0  # the last agreement's
+        self.trained, self.synced = 0, True  # the last agreement's
+        self.shards = 0  # the training ranks' micro-shards since the last synced backward
         self.size = ddp.comm.Get_size()
 
     def __getattr__(self, name):  # everything else is the reducer's
@@ -95,10 +97,11 @@ class Joining:
 
     def agree(self, trains: bool, broken: bool = False) -> tuple[int, bool]:
         """The ranks still training and whether their backward syncs (collective)."""
-        mine = np.array([trains, trains and self.ddp._sync, broken], dtype=np.int64)
+        mine = np.array([trains, trains and self.ddp._sync, broken,
+                         trains and self.ddp._shards], dtype=np.int64)
         mp.allreduce(self.ddp.comm, mp.IN_PLACE, mine, op=mp.SUM,
                      algorithm="recursive_doubling")
-        trained, syncs, broken = (int(v) for v in mine)
+        trained, syncs, broken, shards = (int(v) for v in mine)
         if broken:
             raise RuntimeError(f"join(): {broken} rank(s) left the loop with no_sync() "
                                "micro-batches not yet reduced: leave it between steps only")
@@ -108,10 +111,10 @@ class Joining:
                                "must run the same micro-batches per step (no_sync() around "
                                "forward and backward)")
         self.trained, self.synced = trained, bool(syncs)
-        self.rounds = self.rounds + 1 if self.trained else 0
+        self.shards = self.shards + shards if self.trained else 0
         if self.synced and self.inner.deterministic and 0 < trained < self.size:
-            # T ranks' K micro-shards each: the exact average's addends; mine if I train
-            self.inner.uneven = (trained * self.rounds, bool(trains))
+            # the training ranks' micro-shards: the exact average's addends; mine if I train
+            self.inner.uneven = (self.shards, bool(trains))
         else:
             self.inner.uneven = None
         return trained, self.synced
@@ -128,7 +131,7 @@ class Joining:
         self.inner.after_backward(synced)
         if not synced:
             return
-        self.rounds = 0
+        self.shards = 0
         if self.trained < self.size and not self.inner.deterministic:
             scale = self.size / self.trained  # the AVG divided by N: T trained
             grads = ([self.inner.grad_shard] if self.ddp.zero else

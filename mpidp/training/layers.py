@@ -5,6 +5,11 @@ output and the activations backward needs (no parameter: backward is given the
 parameters it reads, as llm.c's C backward passes are); ``backward`` returns the
 input gradient and writes (or, with ``accumulate``, adds) the parameter gradients
 into the arrays it is given, so they may be views of DataParallel's buckets.
+A parameter gradient may also be a tuple of K arrays, one per micro-shard: the
+batch is then K micro-shards of B/K samples side by side, and shard k's gradient
+goes to the k-th array, computed by the same NumPy call on the same (B/K·T, ·)
+rows as a backward of that shard alone would make (`shard_rows`): deterministic
+mode's one backward for all of a rank's micro-shards (`determinism.py`).
 Shapes: B sequences of T tokens, C channels, V tokens in the vocabulary, nh
 heads of hs = C / nh channels. Every op is checked against central finite
 differences in tests/test_gpt.py.
@@ -27,6 +32,19 @@ def _put(target, value, accumulate: bool) -> None:
         target += value
     else:
         target[...] = value
+
+
+def each(target) -> tuple:
+    """A gradient's per-shard arrays: the tuple itself, or the one array as a tuple of one."""
+    return target if isinstance(target, tuple) else (target,)
+
+
+def shard_rows(a, target, rows: int = 1):
+    """a (B, T, ..., last) as one contiguous block per shard of `target` (`each`):
+    (K, B/K·T, last) with ``rows=1`` (every token a row), (K, B/K, T, ...) with
+    ``rows=0`` (the samples kept). One shard: ``a.reshape(-1, last)``'s rows."""
+    K = len(each(target))
+    return a.reshape(K, -1, a.shape[-1]) if rows else a.reshape(K, -1, *a.shape[1:])
 
 
 # ---------------------------------------------------------------- embeddings
@@ -56,14 +74,16 @@ def embedding_backward(dout, cache, dwte, dwpe, accumulate: bool = False) -> Non
         dout: (B, T, C). dwte: (V, C), already holding the head's part. dwpe: (T_max, C).
     """
     idx = cache  # (B, T)
-    B, T, C = dout.shape
-    scatter_add(dwte, idx.reshape(-1), dout.reshape(B * T, C))  # (V, C) += rows of (BT, C)
-    dpos = dout.sum(axis=0)  # (T, C)
-    if accumulate:
-        dwpe[:T] += dpos
-    else:
-        dwpe[...] = 0  # positions past T get no gradient
-        dwpe[:T] = dpos
+    K, T = len(each(dwte)), dout.shape[1]
+    for i, d, dwte_k, dwpe_k in zip(idx.reshape(K, -1), shard_rows(dout, dwte, rows=0),
+                                    each(dwte), each(dwpe), strict=True):
+        scatter_add(dwte_k, i, d.reshape(-1, d.shape[-1]))  # (V, C) += rows of (BT, C)
+        dpos = d.sum(axis=0)  # (T, C)
+        if accumulate:
+            dwpe_k[:T] += dpos
+        else:
+            dwpe_k[...] = 0  # positions past T get no gradient
+            dwpe_k[:T] = dpos
 
 
 # ---------------------------------------------------------------- layer norm
@@ -82,9 +102,10 @@ def layernorm_forward(x, w, b, eps: float = 1e-5):
 def layernorm_backward(dout, cache, w, dw, db, accumulate: bool = False):
     """dx of layer norm with gain w; dw, db written in place. dout, dx: (B, T, C)."""
     norm, rstd = cache
-    C = dout.shape[-1]
-    _put(dw, (dout * norm).reshape(-1, C).sum(axis=0), accumulate)  # (C,)
-    _put(db, dout.reshape(-1, C).sum(axis=0), accumulate)  # (C,)
+    for dn, d, dw_k, db_k in zip(shard_rows(dout * norm, dw), shard_rows(dout, dw), each(dw),
+                                 each(db), strict=True):
+        _put(dw_k, dn.sum(axis=0), accumulate)  # (C,)
+        _put(db_k, d.sum(axis=0), accumulate)  # (C,)
     dnorm = dout * w  # (B, T, C)
     # norm's gradient, minus its mean and its projection on norm (mean and var's part)
     dx = dnorm - dnorm.mean(axis=-1, keepdims=True) \
@@ -103,9 +124,10 @@ def linear_forward(x, W, b):
 def linear_backward(dout, cache, W, dW, db, accumulate: bool = False):
     """dx of x @ W + b; dW, db written in place. dout: (B, T, out), W: (in, out)."""
     x = cache  # (B, T, in)
-    x2, d2 = x.reshape(-1, x.shape[-1]), dout.reshape(-1, dout.shape[-1])  # (BT, in), (BT, out)
-    _put(dW, x2.T @ d2, accumulate)  # (in, out)
-    _put(db, d2.sum(axis=0), accumulate)  # (out,)
+    for x2, d2, dW_k, db_k in zip(shard_rows(x, dW), shard_rows(dout, dW), each(dW), each(db),
+                                  strict=True):  # (BT, in), (BT, out) a shard's rows
+        _put(dW_k, x2.T @ d2, accumulate)  # (in, out)
+        _put(db_k, d2.sum(axis=0), accumulate)  # (out,)
     return dout @ W.T  # (B, T, in)
 
 
@@ -174,6 +196,7 @@ def head_forward(x, wte):
 def head_backward(dout, cache, wte, dwte, accumulate: bool = False):
     """dx; the head's part of dwte written (or added) first, the embedding's added later."""
     x = cache  # (B, T, C); wte: (V, C)
-    V, C = wte.shape
-    _put(dwte, dout.reshape(-1, V).T @ x.reshape(-1, C), accumulate)  # (V, C)
+    for d, x2, dwte_k in zip(shard_rows(dout, dwte), shard_rows(x, dwte), each(dwte),
+                             strict=True):
+        _put(dwte_k, d.T @ x2, accumulate)  # (V, C) = (BT, V)^T @ (BT, C)
     return dout @ wte  # (B, T, C)

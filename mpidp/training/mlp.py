@@ -131,12 +131,13 @@ ACTIVATIONS = {
 }
 
 
-def softmax_cross_entropy(logits, labels) -> tuple[float, object]:
+def softmax_cross_entropy(logits, labels, shards: int = 1) -> tuple[float, object]:
     """Mean cross-entropy over the batch and its gradient; stable for large logits.
 
     Returns:
         loss: a Python float, ``-mean(log softmax(logits)[b, labels[b]])``.
-        dlogits: (B, C), ``(softmax(logits) - onehot(labels)) / B``.
+        dlogits: (B, C), ``(softmax(logits) - onehot(labels)) / B``; with `shards`
+            K micro-shards of B/K rows side by side, ``/ (B/K)``: each shard's mean's.
     """
     xp = xp_of(logits)
     B = logits.shape[0]
@@ -147,7 +148,7 @@ def softmax_cross_entropy(logits, labels) -> tuple[float, object]:
     loss = -float(logp[rows, labels].mean())
     dlogits = xp.exp(logp)  # (B, C) softmax
     dlogits[rows, labels] -= 1  # (B, C) softmax - onehot
-    dlogits /= B  # the loss is a mean over the batch
+    dlogits /= B // shards  # the loss is a mean over the batch (over each shard)
     return loss, dlogits
 
 

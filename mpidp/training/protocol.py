@@ -28,6 +28,14 @@ backward also takes
 
 Each slice is then a contiguous part of the unit's gradients in a bucket (W's rows,
 then b), which a reduction may start on at once (`pieces.py`).
+
+Optional, micro-shards apart: a model whose ``splits_shards`` is True takes in its
+backward
+
+    part_grads       K - 1 dicts like ``grads``: the batch is K micro-shards of B/K
+                     samples side by side; the first K - 1 shards' gradients go to
+                     these, the last one's to ``grads``, each bitwise what a backward
+                     of that shard alone writes (deterministic mode, `determinism.py`)
 """
 
 from __future__ import annotations
@@ -36,3 +44,8 @@ from __future__ import annotations
 def cuts_rows(model) -> bool:
     """Whether `model`'s backward takes ``row_stops`` and ``on_rows`` (the optional part)."""
     return getattr(model, "cuts_rows", False) is True
+
+
+def splits_shards(model) -> bool:
+    """Whether `model`'s backward takes ``part_grads`` (the other optional part)."""
+    return getattr(model, "splits_shards", False) is True

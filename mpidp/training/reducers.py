@@ -55,6 +55,7 @@ class AllReduce:
     """
 
     collective = "allreduce"
+    splits_shards = True  # deterministic mode's micro-shards side by side (ddp.forward)
     uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
 
     @staticmethod

@@ -26,6 +26,7 @@ class ReduceScatter:
 
     collective = "reduce_scatter"
     row_stops, pieces, across = None, {}, False  # whole buckets only
+    splits_shards = property(lambda self: self.zero == 1)  # stages 2, 3: no bucket yet
     uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
 
     @staticmethod
