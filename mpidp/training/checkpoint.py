@@ -77,6 +77,13 @@ def save(path: str, model, optimizer, state: dict, settings: dict | None = None)
 # ---------------------------------------------------------------- reading, checked
 
 
+def _shown(value) -> str:
+    """A value read from the file, for a message of one line: as it prints, or its repr
+    where that holds a newline or another character that does not print (cut at 60)."""
+    text = str(value.tolist() if hasattr(value, "tolist") else value)
+    return text if text.isprintable() and len(text) <= 60 else untrusted._show(text)
+
+
 def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> int:
     info = entries.get("format")
     if info is None or info.file_size > MAX_SCALAR:
@@ -84,7 +91,7 @@ def _check_format(z: zipfile.ZipFile, entries: dict, path: str) -> int:
     shape, dtype = header(z, info, path)
     version = array(z, info, path)
     if shape != () or dtype.kind not in "iu" or int(version) not in READABLE:
-        raise CheckpointError(f"{path}: checkpoint format {version.tolist()}; this mpidp "
+        raise CheckpointError(f"{path}: checkpoint format {_shown(version)}; this mpidp "
                               f"reads formats {READABLE}")
     return int(version)
 
@@ -109,14 +116,14 @@ def _check_model(z: zipfile.ZipFile, entries: dict, path: str, model, optimizer,
         raise CheckpointError(f"{path}: not a whole checkpoint ({', '.join(missing)} missing)")
     mismatch = []
     if got["sizes"].dtype.kind not in "iu" or got["sizes"].tolist() != list(model.sizes):
-        mismatch.append(f"sizes {got['sizes'].tolist()} vs the model's {model.sizes}")
+        mismatch.append(f"sizes {_shown(got['sizes'])} vs the model's {model.sizes}")
     if str(got["activation"]) != model.activation:
-        mismatch.append(f"activation {got['activation']} vs {model.activation}")
+        mismatch.append(f"activation {_shown(got['activation'])} vs {model.activation}")
     if str(got["dtype"]) != str(model.dtype):
-        mismatch.append(f"dtype {got['dtype']} vs {model.dtype}")
+        mismatch.append(f"dtype {_shown(got['dtype'])} vs {model.dtype}")
     saved, mine = str(got.get("optimizer", "sgd")), getattr(optimizer, "name", "sgd")
     if saved != mine:  # format 1 held SGD's state only
-        mismatch.append(f"optimizer {saved} vs {mine}")
+        mismatch.append(f"optimizer {_shown(saved)} vs {mine}")
     if mismatch:
         raise CheckpointError(f"{path} is for a different model: " + "; ".join(mismatch))
 
