@@ -92,6 +92,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
     P = model.num_params()  # counted before --zero 3 leaves only this rank's shard
     ddp = trainer.data_parallel(args, model, comm, opt, tracer)
     opt = ddp.optimizer  # with --zero, this rank's shard's (the full one above is dropped)
+    K = A if args.deterministic and ddp.reducer.splits_shards else 1  # shards side by side
     if rank == 0:
         print(f"mpidp: {size} rank(s), MLP {sizes} ({P} params, {args.dtype}), "
               f"{args.optimizer} lr {args.lr}, zero={args.zero}, "
@@ -123,15 +124,18 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         peak = {}  # "bytes" at the epoch's last step: model states + what it allocates
 
         def train_step(micro, stats=stats) -> None:
-            """This rank's A micro-batches (forward, backward) of one step."""
+            """This rank's A micro-batches (forward, backward) of one step; --deterministic:
+            its A micro-shards side by side, one forward and backward (ZeRO 2, 3: one each,
+            their buckets made by backward), the same bits."""
+            micro = [np.concatenate(micro)] if K > 1 else micro
             for a, idx in enumerate(micro):
                 idx = xp.asarray(idx)
-                x, y = x_train[idx], y_train[idx]  # (b, D), (b,)
-                with ddp.no_sync() if a < A - 1 else nullcontext():
+                x, y = x_train[idx], y_train[idx]  # (K*b, D), (K*b,)
+                with ddp.no_sync() if a < len(micro) - 1 else nullcontext():
                     t0 = time.perf_counter()
-                    logits = ddp.forward(x)  # (b, C)
+                    logits = ddp.forward(x, micro_shards=K)  # (K*b, C)
                     t1 = time.perf_counter()
-                    loss, dlogits = softmax_cross_entropy(logits, y)
+                    loss, dlogits = softmax_cross_entropy(logits, y, K)
                     if A > 1 and not args.deterministic:  # (deterministic: DataParallel's)
                         dlogits /= A  # the mean over A micro-batches of b = mean over A*b
                     ddp.backward(dlogits)

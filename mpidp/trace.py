@@ -100,9 +100,9 @@ class Tracer:
                     self.mark(f"round {k}", now, "round", tid=COMM + b.index)
                 seen[b.index] = posted
 
-        def traced_forward(x):
+        def traced_forward(x, micro_shards: int = 1):
             last[0] = time.perf_counter()
-            return forward(x)
+            return forward(x, micro_shards)
 
         def traced_on_grad(i: int) -> None:
             layer("backward", i)

@@ -2,8 +2,8 @@
 of one backward per micro-shard.
 
 ``ddp.forward(x, micro_shards=K)`` on a model whose backward takes ``part_grads`` (the
-GPT's, `protocol.py`): each shard's parameter gradients land in a part of their own
-(`determinism.part_grads`). The oracle is the loop it replaces, one forward and backward
+GPT's and the MLP's, `protocol.py`): each shard's parameter gradients land in a part of
+their own (`determinism.part_grads`). The oracle is the loop it replaces, one forward and backward
 per micro-shard inside ``no_sync()``: gradients, parameters and optimizer state must be
 `np.array_equal` to it, on one rank, on several, and inside ``join()`` with ranks joined
 (whose exact average must count the shards, not the forwards).
@@ -11,6 +11,7 @@ per micro-shard inside ``no_sync()``: gradients, parameters and optimizer state 
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 
 import numpy as np
@@ -18,16 +19,31 @@ import pytest
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from mpidp.training import GPT, MLP, Adam, DataParallel
+from mpidp.training import GPT, MLP, Adam, DataParallel, softmax_cross_entropy
 from mpidp.training.gpt import token_cross_entropy
 
-V, T = 23, 8  # vocabulary, context
+V, T = 23, 8  # the GPT's vocabulary, context
 SIZE = {"n_layer": 2, "n_head": 2, "width": 16}
+WIDTHS = [6, 9, 7, 5]  # the MLP's
+KINDS = ("gpt", "mlp")
 
 
-def tokens(n: int, seed: int = 0):
+def make(kind: str, seed: int = 0, dtype: str = "float32"):
+    if kind == "gpt":
+        return GPT(V, T, dtype=dtype, seed=seed, **SIZE)
+    return MLP(WIDTHS, dtype=dtype, seed=seed)
+
+
+def tokens(n: int, seed: int = 0, kind: str = "gpt", dtype: str = "float32"):
+    """n samples and their targets: the GPT's token ids, the MLP's features and classes."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, V, (n, T)), rng.integers(0, V, (n, T))
+    if kind == "gpt":
+        return rng.integers(0, V, (n, T)), rng.integers(0, V, (n, T))
+    return rng.standard_normal((n, WIDTHS[0])).astype(dtype), rng.integers(0, WIDTHS[-1], n)
+
+
+def loss(kind: str, logits, y, k: int = 1):
+    return (token_cross_entropy if kind == "gpt" else softmax_cross_entropy)(logits, y, k)
 
 
 @pytest.fixture(autouse=True)
@@ -36,19 +52,20 @@ def one_blas_thread():
         yield
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("k, m", [(1, 3), (3, 1), (2, 2), (4, 3)])
-def test_a_gpt_backward_of_k_shards_writes_each_shards_gradient_bitwise(dtype, k, m):
-    model = GPT(V, T, dtype=dtype, seed=1, **SIZE)
-    x, y = tokens(k * m)
+@pytest.mark.parametrize("k, m", [(1, 3), (3, 1), (2, 2), (4, 3), (3, 8)])
+def test_a_backward_of_k_shards_writes_each_shards_gradient_bitwise(kind, dtype, k, m):
+    model = make(kind, 1, dtype)
+    x, y = tokens(k * m, kind=kind, dtype=dtype)
     want = []
     for s in range(k):  # the oracle: one forward and backward per shard
         rows = slice(s * m, (s + 1) * m)
-        _, dlogits = token_cross_entropy(model.forward(x[rows]), y[rows])
+        _, dlogits = loss(kind, model.forward(x[rows].copy()), y[rows])
         model.backward(dlogits)
         want.append({n: g.copy() for n, g in model.grads.items()})
     parts = [{n: np.full_like(g, np.nan) for n, g in model.grads.items()} for _ in range(k - 1)]
-    _, dlogits = token_cross_entropy(model.forward(x), y, shards=k)
+    _, dlogits = loss(kind, model.forward(x, micro_shards=k), y, k)
     model.backward(dlogits, part_grads=parts)
     for s, got in enumerate([*parts, model.grads]):
         for name in model.grads:
@@ -68,15 +85,15 @@ def test_the_loss_of_k_shards_is_their_mean_and_its_gradient_each_shards():
 
 
 def train(comm, k: int, m: int, together: bool, zero: int = 0, steps: int = 2,
-          counts=None) -> dict:
-    """Deterministic AdamW steps of a GPT on `comm`, each rank's K micro-shards of M samples
-    side by side (``together``) or one forward and backward each; the parameters and the
-    optimizer state after. ``counts``: rank r trains counts[r] steps, inside ``join()``."""
+          counts=None, kind: str = "gpt") -> dict:
+    """Deterministic AdamW steps of a GPT (an MLP) on `comm`, each rank's K micro-shards of
+    M samples side by side (``together``) or one forward and backward each; the parameters
+    and the optimizer state after. ``counts``: rank r trains counts[r] steps, inside ``join()``."""
     rank, n = comm.Get_rank(), comm.Get_size()
-    model = GPT(V, T, dtype="float32", seed=rank, **SIZE)  # the broadcast makes them one
+    model = make(kind, seed=rank)  # the broadcast makes them one
     opt = Adam(model.params, model.grads, lr=0.01, weight_decay=0.01)
     mine = steps if counts is None else counts[rank]
-    x, y = tokens(steps * n * k * m, seed=5)
+    x, y = tokens(steps * n * k * m, seed=5, kind=kind)
     with DataParallel(model, comm, bucket_mb=0.01, algorithm="ring", optimizer=opt,
                       zero=zero, deterministic=True) as ddp:
         with ddp.join() if counts is not None else nullcontext():
@@ -87,7 +104,7 @@ def train(comm, k: int, m: int, together: bool, zero: int = 0, steps: int = 2,
                 for a, rows in enumerate(shards):
                     with ddp.no_sync() if a < len(shards) - 1 else nullcontext():
                         logits = ddp.forward(x[rows], micro_shards=k if together else 1)
-                        _, dlogits = token_cross_entropy(logits, y[rows], k if together else 1)
+                        _, dlogits = loss(kind, logits, y[rows], k if together else 1)
                         ddp.backward(dlogits)
                 ddp.step()
         ddp.check_replicas()
@@ -105,11 +122,13 @@ def assert_same(got: dict, want: dict, what: str) -> None:
         assert np.array_equal(got[name], want[name]), f"{what}: {name}"
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("zero", [0, 1])
 @pytest.mark.parametrize("k, m", [(3, 1), (2, 3)])
-def test_one_forward_of_k_shards_equals_k_forwards_on_one_rank(zero, k, m):
-    want = train(MPI.COMM_SELF, k, m, together=False, zero=zero)
-    assert_same(train(MPI.COMM_SELF, k, m, together=True, zero=zero), want, f"zero {zero}")
+def test_one_forward_of_k_shards_equals_k_forwards_on_one_rank(kind, zero, k, m):
+    want = train(MPI.COMM_SELF, k, m, together=False, zero=zero, kind=kind)
+    got = train(MPI.COMM_SELF, k, m, together=True, zero=zero, kind=kind)
+    assert_same(got, want, f"{kind}, zero {zero}")
 
 
 def test_shards_side_by_side_inside_no_sync_are_kept_with_the_later_ones():
@@ -137,10 +156,15 @@ def test_micro_shards_are_refused_where_they_cannot_be_kept_apart():
     with DataParallel(gpt, MPI.COMM_SELF) as ddp:
         with pytest.raises(ValueError, match="micro_shards is deterministic mode's"):
             ddp.forward(x, micro_shards=2)
-    mlp = MLP([4, 3, 2], dtype="float32")
-    with DataParallel(mlp, MPI.COMM_SELF, deterministic=True) as ddp:
-        with pytest.raises(TypeError, match="MLP's backward does not keep micro-shards apart"):
+    with DataParallel(Plain(), MPI.COMM_SELF, deterministic=True) as ddp:
+        with pytest.raises(TypeError, match="Plain's backward does not keep micro-shards apart"):
             ddp.forward(np.zeros((4, 4), np.float32), micro_shards=2)
+    mlp = MLP(WIDTHS)
+    mlp.forward(np.zeros((6, WIDTHS[0]), np.float32), micro_shards=3)
+    with pytest.raises(ValueError, match="part_grads: 1 dicts, for a forward of"):
+        mlp.backward(np.zeros((6, WIDTHS[-1]), np.float32), part_grads=[dict(mlp.grads)])
+    with pytest.raises(ValueError, match="7 samples do not split into 2"):
+        mlp.forward(np.zeros((7, WIDTHS[0]), np.float32), micro_shards=2)
     opt = Adam(gpt.params, gpt.grads, lr=0.01)
     with DataParallel(gpt, MPI.COMM_SELF, deterministic=True, zero=2, optimizer=opt) as ddp:
         with pytest.raises(ValueError, match="ZeRO stage 2 makes each bucket during backward"):
@@ -154,29 +178,62 @@ def test_micro_shards_are_refused_where_they_cannot_be_kept_apart():
                 ddp.forward(x, micro_shards=bad)
 
 
+class Plain(MLP):
+    """An MLP that does not say it keeps micro-shards apart (protocol.py's optional part)."""
+
+    splits_shards = False
+
+    def __init__(self):
+        super().__init__([4, 3, 2])
+
+
 @pytest.mark.mpi(ranks=[3], timeout=180)
-def test_shards_side_by_side_on_three_ranks_and_with_ranks_joined(mpi_ranks):
+@pytest.mark.parametrize("kind", KINDS)
+def test_shards_side_by_side_on_three_ranks_and_with_ranks_joined(mpi_ranks, kind):
     """3 ranks, K = 2 shards side by side, equal one rank's loop over the same 6 shards a
     step; inside join() (rank 1 trains 1 step, the others 2), one rank's loop over each
     step's union (the second step's 4 shards: the exact average counts them, not the
     forwards)."""
     world = MPI.COMM_WORLD
-    got = train(world, 2, 2, together=True, zero=1)
-    want = train(MPI.COMM_SELF, 6, 2, together=False)  # step s: ranks 0, 1, 2's shards
+    got = train(world, 2, 2, together=True, zero=1, kind=kind)
+    want = train(MPI.COMM_SELF, 6, 2, together=False, kind=kind)  # ranks 0, 1, 2's shards
     assert_same(got, want, "3 ranks, ZeRO 1")
     counts = [2, 1, 2]
-    got = train(world, 2, 2, together=True, counts=counts)
-    model = GPT(V, T, dtype="float32", seed=0, **SIZE)
+    got = train(world, 2, 2, together=True, counts=counts, kind=kind)
+    model = make(kind)
     opt = Adam(model.params, model.grads, lr=0.01, weight_decay=0.01)
-    x, y = tokens(2 * 3 * 4, seed=5)
+    x, y = tokens(2 * 3 * 4, seed=5, kind=kind)
     with DataParallel(model, MPI.COMM_SELF, optimizer=opt, deterministic=True) as ddp:
         for step in range(2):
             shards = [slice((step * 3 + r) * 4 + s * 2, (step * 3 + r) * 4 + s * 2 + 2)
                       for r in range(3) if step < counts[r] for s in range(2)]
             for a, rows in enumerate(shards):
                 with ddp.no_sync() if a < len(shards) - 1 else nullcontext():
-                    _, d = token_cross_entropy(ddp.forward(x[rows]), y[rows])
+                    _, d = loss(kind, ddp.forward(x[rows]), y[rows])
                     ddp.backward(d)
             ddp.step()
         for name, p in model.params.items():
             assert np.array_equal(got[f"param/{name}"], p), f"join(): {name}"
+
+
+def test_a_traced_dataparallel_takes_micro_shards_and_traces_the_step(tmp_path):
+    """The tracer wraps ddp.forward (`Tracer.follow`): it must pass micro_shards on (it did
+    not: --deterministic --trace failed at the first step)."""
+    from mpidp import trace
+
+    want = train(MPI.COMM_SELF, 3, 1, together=False, kind="mlp", steps=1)
+    model = make("mlp")
+    opt = Adam(model.params, model.grads, lr=0.01, weight_decay=0.01)
+    x, y = tokens(3, seed=5, kind="mlp")
+    tracer = trace.Tracer(0)
+    with DataParallel(model, MPI.COMM_SELF, bucket_mb=0.01, algorithm="ring", optimizer=opt,
+                      deterministic=True) as ddp:
+        tracer.follow(ddp)
+        ddp.backward(loss("mlp", ddp.forward(x, micro_shards=3), y, 3)[1])
+        ddp.step()
+    for name, p in model.params.items():
+        assert np.array_equal(p, want[f"param/{name}"]), name
+    path = str(tmp_path / "t.json")
+    tracer.write(path)
+    names = {e["name"] for e in json.load(open(path))["traceEvents"]}
+    assert {"forward L1", "backward L1", "allreduce bucket 0"} <= names, names

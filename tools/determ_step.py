@@ -6,12 +6,13 @@
 Builds the trainer's model twice at its default settings (examples/train_mlp.py,
 examples/train_gpt.py: their parsers' defaults), one `DataParallel` default and one
 deterministic, and runs their steps in turn (default, deterministic, default, ...) on
-the same batches. The deterministic step is the trainer's: the GPT's K micro-shards
-side by side in one forward and backward (``ddp.forward(x, micro_shards=K)``), the
-MLP's one forward and backward each (``--looped``: the GPT's too, as before). Each
+the same batches. The deterministic step is the trainers': the K micro-shards side by
+side in one forward and backward (``ddp.forward(x, micro_shards=K)``; ``--looped``:
+one forward and backward each, as before). Each
 deterministic step is cut into: ``compute`` (forwards, losses and backwards of the K
-micro-shards, less what follows), ``keep`` (the parts' copies,
-`determinism.keep_apart`; side by side, `determinism.part_grads`' buffers), ``start`` (starting the exact sums, `determinism.exact`),
+micro-shards, less what follows), ``keep`` (the parts' copies, `determinism.keep_apart`;
+side by side, `determinism.part_grads`' buffers), ``start`` (starting the exact sums,
+`determinism.exact`),
 ``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`),
 ``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
 Prints rank 0's medians (ms) and the ratio of the medians of the whole steps.
@@ -122,7 +123,7 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--looped", action="store_true",
-                   help="the GPT's deterministic step one forward and backward per shard")
+                   help="the deterministic step one forward and backward per micro-shard")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     runs = {False: setup(a.which, comm, False), True: setup(a.which, comm, True)}
@@ -132,7 +133,7 @@ def main():
             args, ddp, A, batch, loss_fn = runs[det]
             batches = [batch(s, k) for k in range(A)]
             comm.Barrier()
-            together = det and a.which == "gpt" and not a.looped
+            together = det and not a.looped
             r = step(ddp, A, batches, loss_fn, det, together)
             if s >= a.warmup:
                 rows[det].append(r)
@@ -147,7 +148,7 @@ def main():
                                                            med.items()))
         ratio = (statistics.median(r["step"] for r in rows[True])
                  / statistics.median(r["step"] for r in rows[False]))
-        way = "looped" if a.looped or a.which == "mlp" else "side by side"
+        way = "looped" if a.looped else "side by side"
         print(f"{a.which} ratio {ratio:.2f}x ({way})  load {load:.2f}")
     for det in (False, True):
         runs[det][1].close()

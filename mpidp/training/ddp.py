@@ -188,7 +188,8 @@ class DataParallel:
         self._check_shards(x, micro_shards)
         self._shards = micro_shards
         self.reducer.before_forward()
-        return self.model.forward(x, on_layer=self._layer_done)
+        shards = {} if micro_shards == 1 else {"micro_shards": micro_shards}
+        return self.model.forward(x, on_layer=self._layer_done, **shards)
 
     def _check_shards(self, x, k) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:

@@ -171,8 +171,12 @@ class GPT:
 
     # ------------------------------------------------------------ the model
 
-    def forward(self, idx, on_layer: Callable[[int], None] | None = None):
-        """logits (B, T, V) for token ids idx (B, T), T <= context; keeps backward's cache."""
+    def forward(self, idx, on_layer: Callable[[int], None] | None = None,
+                micro_shards: int = 1):
+        """logits (B, T, V) for token ids idx (B, T), T <= context; keeps backward's cache.
+
+        ``micro_shards``: the batch is K micro-shards side by side, for a backward with
+        ``part_grads``; nothing changes here (every product is one sample's already)."""
         if idx.ndim != 2 or not 1 <= idx.shape[1] <= self.context:
             raise ValueError(f"idx must be (B, T) with 1 <= T <= {self.context}, "
                              f"got shape {idx.shape}")

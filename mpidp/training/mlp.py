@@ -10,8 +10,12 @@ of Karpathy's micrograd / llm.c: ``forward`` returns ``out, cache``;
 ``MLP.backward`` runs the layers from last to first and calls ``on_grad(i)`` the
 moment dW_i and db_i are written: this is where data parallelism starts layer
 i's gradient all-reduce while layers i-1 .. 1 are still being differentiated.
-The model meets `protocol.py`, its optional part too: with ``row_stops`` a
-layer's dW is computed in slices of rows (`linear_backward_by_rows`).
+The model meets `protocol.py`, its optional parts too: with ``row_stops`` a
+layer's dW is computed in slices of rows (`linear_backward_by_rows`); with
+``micro_shards=K`` (forward) and ``part_grads`` (backward) the batch is K
+micro-shards side by side, each layer's products stacked by shard, (K, B/K, ·),
+so each shard's rows meet the GEMMs a batch of its own would (a 2-D product over
+all B rows may round a row otherwise), and each shard's dW, db written apart.
 
 Gradients are written *into* ``model.grads[name]`` (``out=``), never by
 rebinding the dict entry, so `DataParallel` can make those arrays views of its
@@ -56,16 +60,18 @@ def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool
         dout: (B, out) gradient of the loss with respect to the layer's output.
         dW, db: (in, out) and (out,) arrays the gradients are written into.
     """
-    x, W = cache  # (B, in), (in, out)
-    if accumulate:
-        dW += x.T @ dout  # (in, out)
-        db += dout.sum(axis=0)  # (out,)
-    else:
-        # matmul, not x.T.dot(dout, out=dW): with OpenBLAS, dot() into an out= is slower
-        # (docs/overlap.md)
-        xp_of(dout).matmul(x.T, dout, out=dW)  # (in, out), straight into the bucket view
-        dout.sum(axis=0, out=db)  # (out,)
-    return dout @ W.T if need_dx else None  # (B, in)
+    x, W = cache  # (B, in), (in, out); side by side (K, B/K, in): dW, db a tuple of K each
+    shards = zip(x, dout, dW, db, strict=True) if isinstance(dW, tuple) else [(x, dout, dW, db)]
+    for x, d, dW, db in shards:
+        if accumulate:
+            dW += x.T @ d  # (in, out)
+            db += d.sum(axis=0)  # (out,)
+        else:
+            # matmul, not x.T.dot(dout, out=dW): with OpenBLAS, dot() into an out= is slower
+            # (docs/overlap.md)
+            xp_of(d).matmul(x.T, d, out=dW)  # (in, out), straight into the bucket view
+            d.sum(axis=0, out=db)  # (out,)
+    return dout @ W.T if need_dx else None  # (B, in); side by side (K, B/K, in)
 
 
 def linear_backward_by_rows(dout, cache, dW, db, stops, accumulate: bool = False,
@@ -167,6 +173,7 @@ class MLP:
     """
 
     cuts_rows = True  # backward takes row_stops and on_rows (protocol.py)
+    splits_shards = True  # forward takes micro_shards, backward part_grads (protocol.py)
 
     def __init__(self, sizes, activation: str = "relu", dtype="float32", seed: int = 0,
                  device: str = "cpu"):
@@ -195,11 +202,18 @@ class MLP:
         """The parameter names of layer i."""
         return f"W{i}", f"b{i}"
 
-    def forward(self, x, on_layer: Callable[[int], None] | None = None):
-        """logits (B, C) for x (B, D0); keeps what backward needs in ``self.cache``."""
+    def forward(self, x, on_layer: Callable[[int], None] | None = None,
+                micro_shards: int = 1):
+        """logits (B, C) for x (B, D0); keeps what backward needs in ``self.cache``.
+
+        ``micro_shards``: K shards of B/K rows side by side, every layer's product
+        stacked by shard (module doc); the backward then takes ``part_grads``."""
         act_forward, _ = ACTIVATIONS[self.activation]
         caches = []
-        h = x  # (B, D0)
+        if x.shape[0] % micro_shards:
+            raise ValueError(f"{x.shape[0]} samples do not split into {micro_shards} "
+                             "micro-shards")
+        h = x if micro_shards == 1 else x.reshape(micro_shards, -1, x.shape[-1])  # (B, D0)
         for i in range(1, self.layers + 1):
             x_in = h  # (B, D_{i-1})
             h = linear_forward(x_in, self.params[f"W{i}"], self.params[f"b{i}"])[0]  # (B, D_i)
@@ -210,11 +224,12 @@ class MLP:
             if on_layer is not None:
                 on_layer(i)
         self.cache = caches
-        return h  # (B, C)
+        return h.reshape(-1, h.shape[-1])  # (B, C)
 
     def backward(self, dlogits, on_grad: Callable[[int], None] | None = None,
                  accumulate: bool = False, row_stops: dict | None = None,
-                 on_rows: Callable[[int, int | None], None] | None = None) -> None:
+                 on_rows: Callable[[int, int | None], None] | None = None,
+                 part_grads=()) -> None:
         """Fill ``grads`` from the last layer to the first; ``on_grad(i)`` after layer i.
 
         Args:
@@ -224,16 +239,27 @@ class MLP:
                 (`linear_backward_by_rows`); a layer not in it runs whole.
             on_rows: ``on_rows(i, stop)`` after each slice of layer i (stop: rows of
                 dW_i written so far, db_i too; None: a slice of dx).
+            part_grads: K - 1 dicts like ``grads``, after a forward of K micro-shards:
+                the first K - 1 shards' gradients (``grads`` the last one's), each
+                bitwise what a backward of that shard alone writes.
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
         _, act_backward = ACTIVATIONS[self.activation]
-        dout = dlogits  # (B, C)
+        K = len(part_grads) + 1
+        if K != (1 if self.cache[0][0].ndim == 2 else len(self.cache[0][0])):
+            raise ValueError(f"part_grads: {K - 1} dicts, for a forward of "
+                             f"{self.cache[0][0].shape[:-1]} rows")
+        if row_stops and K > 1:
+            raise ValueError("row_stops cut a product, part_grads keep shards apart: not both")
+        dout = dlogits if K == 1 else dlogits.reshape(K, -1, dlogits.shape[-1])  # (B, C)
         for i in range(self.layers, 0, -1):
             x_in, act_cache = self.cache[i - 1]
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
-            dW, db = self.grads[f"W{i}"], self.grads[f"b{i}"]
+            dW, db = (self.grads[f"W{i}"], self.grads[f"b{i}"]) if K == 1 else (
+                tuple(g[f"W{i}"] for g in [*part_grads, self.grads]),
+                tuple(g[f"b{i}"] for g in [*part_grads, self.grads]))
             lin_cache = (x_in, self.params[f"W{i}"])  # (B, in), (in, out)
             if row_stops and i in row_stops:
                 rows = None if on_rows is None else (lambda stop, i=i: on_rows(i, stop))

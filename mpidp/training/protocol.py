@@ -29,13 +29,14 @@ backward also takes
 Each slice is then a contiguous part of the unit's gradients in a bucket (W's rows,
 then b), which a reduction may start on at once (`pieces.py`).
 
-Optional, micro-shards apart: a model whose ``splits_shards`` is True takes in its
-backward
+Optional, micro-shards apart: a model whose ``splits_shards`` is True takes
 
-    part_grads       K - 1 dicts like ``grads``: the batch is K micro-shards of B/K
-                     samples side by side; the first K - 1 shards' gradients go to
-                     these, the last one's to ``grads``, each bitwise what a backward
-                     of that shard alone writes (deterministic mode, `determinism.py`)
+    micro_shards     (forward) K: the batch is K micro-shards of B/K samples side
+                     by side, each computed as a batch of its own would be
+    part_grads       (backward) K - 1 dicts like ``grads``: the first K - 1 shards'
+                     gradients go to these, the last one's to ``grads``, each
+                     bitwise what a backward of that shard alone writes
+                     (deterministic mode, `determinism.py`)
 """
 
 from __future__ import annotations
