@@ -150,6 +150,7 @@ class DataParallel:
         self.optimizer = self.reducer.optimizer
         self._sync, self._micro, self._launching, self.t_backward = True, 0, False, 0.0
         self._shards = 1  # micro-shards side by side in this forward (deterministic mode)
+        self._spare = {}  # their parts' buffers, kept for the next steps (`part_grads`)
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}
         self.on_layer = None  # forward's per-unit hook (a tracer's)
         self.thread = None if thread is None else polling.ProgressThread(thread, self._inflight)
@@ -232,7 +233,8 @@ class DataParallel:
         cut = {} if self.row_stops is None else {"row_stops": self.row_stops,
                                                   "on_rows": self.on_rows}
         if self._shards > 1:  # deterministic: each micro-shard's gradient a part of its own
-            cut["part_grads"] = part_grads(self.buckets, self.model.grads, self._shards)
+            cut["part_grads"] = part_grads(self.buckets, self.model.grads, self._shards,
+                                           self._spare)
         self.model.backward(dlogits, on_grad=self.on_grad,
                             accumulate=self.reducer.accumulate(self._micro), **cut)
         t1 = time.perf_counter()

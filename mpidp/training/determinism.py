@@ -96,20 +96,29 @@ def keep_apart(buckets, synced: bool) -> None:
             b.parts.append(b.flat.copy())
 
 
-def part_grads(buckets, grads, k: int) -> list[dict]:
+def part_grads(buckets, grads, k: int, spare: dict) -> list[dict]:
     """K - 1 more parts for each bucket, kept after its earlier ones (``b.parts``), and the
     K - 1 dicts of views into them, each laid out as ``grads`` is in the bucket: where a
-    backward of K micro-shards writes the first K - 1 shards' gradients."""
-    views = [{} for _ in range(k - 1)]
-    for b in buckets:
-        new = [np.empty_like(b.flat) for _ in range(k - 1)]
+    backward of K micro-shards writes the first K - 1 shards' gradients.
+
+    `spare` keeps them, by (parts already kept, K), for the next step's backward: the
+    buckets' buffers are fixed (stage 0, ZeRO 1), and a step's exact sums are done before
+    the next step's backward writes (no_sync()'s earlier parts take other keys)."""
+    key = (len(buckets[0].parts), k) if buckets else (0, k)
+    if key not in spare:
+        views, made = [{} for _ in range(k - 1)], []
+        for b in buckets:
+            made.append([np.zeros_like(b.flat) for _ in range(k - 1)])  # gaps: 0
+            for name in b.names:
+                g = grads[name]
+                at = (g.ctypes.data - b.flat.ctypes.data) // g.itemsize  # where in the bucket
+                assert 0 <= at and at + g.size <= b.flat.size, (name, at)
+                for part, view in zip(made[-1], views, strict=True):
+                    view[name] = part[at:at + g.size].reshape(g.shape)
+        spare[key] = made, views
+    made, views = spare[key]
+    for b, new in zip(buckets, made, strict=True):
         b.parts.extend(new)
-        for name in b.names:
-            g = grads[name]
-            at = (g.ctypes.data - b.flat.ctypes.data) // g.itemsize  # where in the bucket
-            assert 0 <= at and at + g.size <= b.flat.size, (name, at)
-            for part, view in zip(new, views, strict=True):
-                view[name] = part[at:at + g.size].reshape(g.shape)
     return views
 
 
