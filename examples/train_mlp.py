@@ -156,7 +156,7 @@ def train(args: argparse.Namespace, comm, dog: watchdog.Dog) -> int:
         with stepflags.joined(args, ddp, finish_step):
             for step in range(first, len(batches)):
                 if step == len(batches) - 1 and args.device == "cpu":
-                    peak["held"] = model_state_bytes(ddp)["total"]
+                    peak["held"] = model_state_bytes(ddp)["total"] + ddp.parts_bytes
                     peak["measured"] = StepPeak().start()  # tracemalloc: host arrays
                 train_step(batches[step])
                 stats[6] += 1

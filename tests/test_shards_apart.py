@@ -176,6 +176,23 @@ def test_micro_shards_are_refused_where_they_cannot_be_kept_apart():
         for bad in (0, 2.0, True):
             with pytest.raises(ValueError, match="an int >= 1"):
                 ddp.forward(x, micro_shards=bad)
+    logits = np.zeros((6, 3))
+    for bad in (4, 0, True):
+        with pytest.raises(ValueError, match="6 rows do not split into shards="):
+            softmax_cross_entropy(logits, np.zeros(6, int), bad)
+
+
+def test_the_parts_are_kept_for_the_next_steps_and_counted():
+    """K - 1 parts of every bucket, made at the first step, reused after (a NumPy int K
+    too), and what they hold is `parts_bytes` (the MLP trainer's peak memory adds it)."""
+    model = make("mlp")
+    x, y = tokens(6, kind="mlp")
+    with DataParallel(model, MPI.COMM_SELF, bucket_mb=0.0, deterministic=True) as ddp:
+        assert ddp.parts_bytes == 0
+        for _ in range(2):
+            ddp.backward(loss("mlp", ddp.forward(x, micro_shards=np.int64(3)), y, 3)[1])
+            assert ddp.parts_bytes == 2 * sum(b.flat.nbytes for b in ddp.buckets) > 0
+        assert len(ddp._spare) == 1
 
 
 class Plain(MLP):

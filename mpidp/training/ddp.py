@@ -45,6 +45,7 @@ buckets are made during backward): the K backward passes' compute in one.
 
 from __future__ import annotations
 
+import operator
 import time
 from contextlib import contextmanager
 
@@ -163,6 +164,12 @@ class DataParallel:
     grad_shard = property(lambda self: self.reducer.grad_shard)
     param_shard = property(lambda self: self.reducer.params.shard)
 
+    @property
+    def parts_bytes(self) -> int:
+        """Bytes of the micro-shards' parts kept for the next steps (`part_grads`; 0 but
+        in deterministic mode with ``forward(x, micro_shards=K)``)."""
+        return sum(a.nbytes for made, _ in self._spare.values() for new in made for a in new)
+
     def check_replicas(self) -> None:
         """Raise RuntimeError unless every rank holds bitwise-identical parameters."""
         with self.gathered() as params:
@@ -186,17 +193,17 @@ class DataParallel:
         """The model's forward. ``micro_shards=K`` (deterministic mode): x is K micro-shards
         of equal size side by side, and the backward that follows keeps their gradients
         apart, bitwise as K backward passes (the first K - 1 inside `no_sync()`) would."""
-        self._check_shards(x, micro_shards)
-        self._shards = micro_shards
+        self._shards = micro_shards = self._check_shards(x, micro_shards)
         self.reducer.before_forward()
         shards = {} if micro_shards == 1 else {"micro_shards": micro_shards}
         return self.model.forward(x, on_layer=self._layer_done, **shards)
 
     def _check_shards(self, x, k) -> None:
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
             raise ValueError(f"micro_shards must be an int >= 1, not {k!r}")
+        k = operator.index(k)
         if k == 1:
-            return
+            return k
         if not self.deterministic:
             raise ValueError("micro_shards is deterministic mode's (deterministic=True): "
                              "without it a batch of K micro-shards is one batch")
@@ -211,6 +218,7 @@ class DataParallel:
         if getattr(x, "shape", (k,))[0] % k:
             raise ValueError(f"micro_shards={k}: {x.shape[0]} samples do not split into "
                              f"{k} equal micro-shards")
+        return k
 
     def _layer_done(self, i: int) -> None:
         if self.on_layer is not None:

@@ -112,7 +112,9 @@ def part_grads(buckets, grads, k: int, spare: dict) -> list[dict]:
             for name in b.names:
                 g = grads[name]
                 at = (g.ctypes.data - b.flat.ctypes.data) // g.itemsize  # where in the bucket
-                assert 0 <= at and at + g.size <= b.flat.size, (name, at)
+                if not 0 <= at <= b.flat.size - g.size:  # a gradient not in its bucket
+                    raise RuntimeError(f"part_grads: {name}'s gradient is not a view of "
+                                       f"bucket {b.index}'s buffer")
                 for part, view in zip(made[-1], views, strict=True):
                     view[name] = part[at:at + g.size].reshape(g.shape)
         spare[key] = made, views

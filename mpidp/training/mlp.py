@@ -26,6 +26,7 @@ Arrays live on an array module ``xp`` (NumPy, or CuPy for ``device="gpu"``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -147,6 +148,8 @@ def softmax_cross_entropy(logits, labels, shards: int = 1) -> tuple[float, objec
     """
     xp = xp_of(logits)
     B = logits.shape[0]
+    if isinstance(shards, bool) or operator.index(shards) < 1 or B % shards:
+        raise ValueError(f"{B} rows do not split into shards={shards!r} equal micro-shards")
     shifted = logits - logits.max(axis=1, keepdims=True)  # (B, C); max 0: exp cannot overflow
     logz = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))  # (B, 1)
     logp = shifted - logz  # (B, C) log-probabilities

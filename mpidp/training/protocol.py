@@ -48,5 +48,6 @@ def cuts_rows(model) -> bool:
 
 
 def splits_shards(model) -> bool:
-    """Whether `model`'s backward takes ``part_grads`` (the other optional part)."""
+    """Whether `model`'s forward takes ``micro_shards`` and its backward ``part_grads``
+    (the other optional part)."""
     return getattr(model, "splits_shards", False) is True
