@@ -65,7 +65,7 @@ def test_a_backward_of_k_shards_writes_each_shards_gradient_bitwise(kind, dtype,
         model.backward(dlogits)
         want.append({n: g.copy() for n, g in model.grads.items()})
     parts = [{n: np.full_like(g, np.nan) for n, g in model.grads.items()} for _ in range(k - 1)]
-    _, dlogits = loss(kind, model.forward(x, micro_shards=k), y, k)
+    _, dlogits = loss(kind, model.forward(x, micro_batches=k), y, k)
     model.backward(dlogits, part_grads=parts)
     for s, got in enumerate([*parts, model.grads]):
         for name in model.grads:
@@ -76,12 +76,12 @@ def test_the_loss_of_k_shards_is_their_mean_and_its_gradient_each_shards():
     model = GPT(V, T, dtype="float64", seed=1, **SIZE)
     x, y = tokens(6)
     logits = model.forward(x)
-    loss, d = token_cross_entropy(logits, y, shards=3)
+    loss, d = token_cross_entropy(logits, y, micro_batches=3)
     each = [token_cross_entropy(logits[2 * s:2 * s + 2], y[2 * s:2 * s + 2]) for s in range(3)]
     assert np.array_equal(d, np.concatenate([g for _, g in each]))
     assert loss == pytest.approx(np.mean([v for v, _ in each]), rel=1e-12)
-    with pytest.raises(ValueError, match="6 samples do not split into 4 micro-shards"):
-        token_cross_entropy(logits, y, shards=4)
+    with pytest.raises(ValueError, match="6 samples do not split into 4 micro-batches"):
+        token_cross_entropy(logits, y, micro_batches=4)
 
 
 def train(comm, k: int, m: int, together: bool, zero: int = 0, steps: int = 2,
@@ -157,14 +157,14 @@ def test_micro_shards_are_refused_where_they_cannot_be_kept_apart():
         with pytest.raises(ValueError, match="micro_shards is deterministic mode's"):
             ddp.forward(x, micro_shards=2)
     with DataParallel(Plain(), MPI.COMM_SELF, deterministic=True) as ddp:
-        with pytest.raises(TypeError, match="Plain's backward does not keep micro-shards apart"):
+        with pytest.raises(TypeError, match="Plain's backward does not keep micro-batches apart"):
             ddp.forward(np.zeros((4, 4), np.float32), micro_shards=2)
     mlp = MLP(WIDTHS)
-    mlp.forward(np.zeros((6, WIDTHS[0]), np.float32), micro_shards=3)
+    mlp.forward(np.zeros((6, WIDTHS[0]), np.float32), micro_batches=3)
     with pytest.raises(ValueError, match="part_grads: 1 dicts, for a forward of"):
         mlp.backward(np.zeros((6, WIDTHS[-1]), np.float32), part_grads=[dict(mlp.grads)])
     with pytest.raises(ValueError, match="7 samples do not split into 2"):
-        mlp.forward(np.zeros((7, WIDTHS[0]), np.float32), micro_shards=2)
+        mlp.forward(np.zeros((7, WIDTHS[0]), np.float32), micro_batches=2)
     opt = Adam(gpt.params, gpt.grads, lr=0.01)
     with DataParallel(gpt, MPI.COMM_SELF, deterministic=True, zero=2, optimizer=opt) as ddp:
         with pytest.raises(ValueError, match="ZeRO stage 2 makes each bucket during backward"):
@@ -178,7 +178,7 @@ def test_micro_shards_are_refused_where_they_cannot_be_kept_apart():
                 ddp.forward(x, micro_shards=bad)
     logits = np.zeros((6, 3))
     for bad in (4, 0, True):
-        with pytest.raises(ValueError, match="6 rows do not split into shards="):
+        with pytest.raises(ValueError, match="6 rows do not split into micro_batches="):
             softmax_cross_entropy(logits, np.zeros(6, int), bad)
 
 
@@ -192,13 +192,13 @@ def test_the_parts_are_kept_for_the_next_steps_and_counted():
         for _ in range(2):
             ddp.backward(loss("mlp", ddp.forward(x, micro_shards=np.int64(3)), y, 3)[1])
             assert ddp.parts_bytes == 2 * sum(b.flat.nbytes for b in ddp.buckets) > 0
-        assert len(ddp._spare) == 1
+        assert len(ddp.apart.kept) == 1
 
 
 class Plain(MLP):
-    """An MLP that does not say it keeps micro-shards apart (protocol.py's optional part)."""
+    """An MLP that does not say it keeps micro-batches apart (protocol.py's optional part)."""
 
-    splits_shards = False
+    micro_batches_apart = False
 
     def __init__(self):
         super().__init__([4, 3, 2])

@@ -45,7 +45,6 @@ buckets are made during backward): the K backward passes' compute in one.
 
 from __future__ import annotations
 
-import operator
 import time
 from contextlib import contextmanager
 
@@ -53,8 +52,7 @@ from .. import collectives as mp
 from . import hooks, pieces, polling
 from . import join as uneven_inputs
 from .buckets import Bucket, make_buckets, times, units
-from .determinism import check_reproducible, part_grads
-from .protocol import splits_shards
+from .determinism import SideBySide, check_reproducible
 from .reducers import STAGES, AllReduce
 from .replicas import check_replicas, replicate
 from .sharded import ReduceScatter
@@ -138,7 +136,7 @@ class DataParallel:
         self._dup = mp.duplicate(comm, with_model="auto" in names)
         self.comm = comm if self._dup is None else self._dup
         self.model, self.overlap, self.timeout, self.zero = model, overlap, timeout, zero
-        self.deterministic = deterministic
+        self.deterministic, self.apart = deterministic, SideBySide(self)  # micro-shards apart
         replicate(model, self.comm)
         if zero == 3:  # a unit's parameters are gathered, and its gradients reduced, alone
             bucket_mb = first_bucket_mb = 0
@@ -150,8 +148,6 @@ class DataParallel:
                                deterministic=deterministic, **extra)
         self.optimizer = self.reducer.optimizer
         self._sync, self._micro, self._launching, self.t_backward = True, 0, False, 0.0
-        self._shards = 1  # micro-shards side by side in this forward (deterministic mode)
-        self._spare = {}  # their parts' buffers, kept for the next steps (`part_grads`)
         self.timings = {"backward": 0.0, "exposed_comm": 0.0, "rounds_in_backward": 0}
         self.on_layer = None  # forward's per-unit hook (a tracer's)
         self.thread = None if thread is None else polling.ProgressThread(thread, self._inflight)
@@ -164,61 +160,29 @@ class DataParallel:
     grad_shard = property(lambda self: self.reducer.grad_shard)
     param_shard = property(lambda self: self.reducer.params.shard)
 
-    @property
-    def parts_bytes(self) -> int:
-        """Bytes of the micro-shards' parts kept for the next steps (`part_grads`; 0 but
-        in deterministic mode with ``forward(x, micro_shards=K)``)."""
-        return sum(a.nbytes for made, _ in self._spare.values() for new in made for a in new)
+    parts_bytes = property(lambda self: self.apart.nbytes)  # micro-shards' parts kept
 
     def check_replicas(self) -> None:
         """Raise RuntimeError unless every rank holds bitwise-identical parameters."""
         with self.gathered() as params:
             check_replicas(params, self.comm)
 
-    def gathered(self):
-        """``with ddp.gathered() as params:`` ``model.params`` whole inside (collective)."""
-        return self.reducer.gathered()
-
-    def full_optimizer(self):
-        """The optimizer with every rank's state, by name (collective): what a checkpoint saves."""
-        return self.reducer.full_optimizer()
-
-    # the reducer's, as they are: ZeRO's prefetched all-gathers completed; a saved state taken
+    # the reducer's, as they are: ``with ddp.gathered() as params:`` model.params whole inside;
+    # every rank's optimizer state by name (what a checkpoint saves; both collective); ZeRO's
+    # prefetched all-gathers completed; a saved state taken
+    gathered = property(lambda self: self.reducer.gathered)
+    full_optimizer = property(lambda self: self.reducer.full_optimizer)
     wait_params = property(lambda self: self.reducer.wait_params)
     load_optimizer = property(lambda self: self.reducer.load_optimizer)
 
     # ------------------------------------------------------------ training step
 
     def forward(self, x, micro_shards: int = 1):
-        """The model's forward. ``micro_shards=K`` (deterministic mode): x is K micro-shards
-        of equal size side by side, and the backward that follows keeps their gradients
-        apart, bitwise as K backward passes (the first K - 1 inside `no_sync()`) would."""
-        self._shards = micro_shards = self._check_shards(x, micro_shards)
+        """The model's forward; ``micro_shards=K``: x is K micro-shards side by side, kept
+        apart by backward, bitwise K backward passes (deterministic, `SideBySide`)."""
+        apart = self.apart.forward_args(x, micro_shards)
         self.reducer.before_forward()
-        shards = {} if micro_shards == 1 else {"micro_shards": micro_shards}
-        return self.model.forward(x, on_layer=self._layer_done, **shards)
-
-    def _check_shards(self, x, k) -> None:
-        if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
-            raise ValueError(f"micro_shards must be an int >= 1, not {k!r}")
-        k = operator.index(k)
-        if k == 1:
-            return k
-        if not self.deterministic:
-            raise ValueError("micro_shards is deterministic mode's (deterministic=True): "
-                             "without it a batch of K micro-shards is one batch")
-        if not splits_shards(self.model):
-            raise TypeError(f"micro_shards: {type(self.model).__name__}'s backward does not "
-                            "keep micro-shards apart (protocol.py: part_grads); run one "
-                            "forward and backward per micro-shard, inside no_sync()")
-        if not self.reducer.splits_shards:
-            raise ValueError(f"micro_shards: ZeRO stage {self.zero} makes each bucket during "
-                             "backward; run one forward and backward per micro-shard, "
-                             "inside no_sync()")
-        if getattr(x, "shape", (k,))[0] % k:
-            raise ValueError(f"micro_shards={k}: {x.shape[0]} samples do not split into "
-                             f"{k} equal micro-shards")
-        return k
+        return self.model.forward(x, on_layer=self._layer_done, **apart)
 
     def _layer_done(self, i: int) -> None:
         if self.on_layer is not None:
@@ -227,11 +191,9 @@ class DataParallel:
 
     def backward(self, dlogits, timeout: float | None = None) -> None:
         """Backward with bucketed reduction; on return the gradients hold the rank average
-        (with ZeRO: ``grad_shard``, my shard of it).
-
-        Inside `no_sync()`, only accumulates: no communication. `timeout` (default:
-        the constructor's) bounds the wait for the buckets (TimeoutError).
-        """
+        (with ZeRO: ``grad_shard``, my shard of it). Inside `no_sync()`, only accumulates:
+        no communication. `timeout` (default: the constructor's) bounds the wait for the
+        buckets (TimeoutError)."""
         sync = self._sync
         self._launching = sync and self.overlap
         t0 = self.t_backward = time.perf_counter()
@@ -240,9 +202,7 @@ class DataParallel:
         self.reducer.before_backward()
         cut = {} if self.row_stops is None else {"row_stops": self.row_stops,
                                                   "on_rows": self.on_rows}
-        if self._shards > 1:  # deterministic: each micro-shard's gradient a part of its own
-            cut["part_grads"] = part_grads(self.buckets, self.model.grads, self._shards,
-                                           self._spare)
+        cut.update(self.apart.backward_args())  # each micro-shard's gradient a part
         self.model.backward(dlogits, on_grad=self.on_grad,
                             accumulate=self.reducer.accumulate(self._micro), **cut)
         t1 = time.perf_counter()

@@ -15,10 +15,10 @@ backward's gradients as a part of its bucket, and `exact` starts the exact avera
 of a bucket's parts, all ranks'.
 
 One backward may also hold K micro-shards side by side (``ddp.forward(x,
-micro_shards=K)``, a model whose backward takes ``part_grads``, `protocol.py`): the
+micro_shards=K)``, `SideBySide`; a model that keeps micro-batches apart, `protocol.py`): the
 forward of a sample does not depend on the others beside it (a GEMM per sample, rows
 normalized alone), and the backward computes each shard's parameter gradients by the
-same NumPy call on the same rows as K backward passes would (`layers.shard_rows`).
+same NumPy call on the same rows as K backward passes would (`layers.micro_rows`).
 `part_grads` gives each bucket K - 1 more parts for them: one forward, one backward,
 the same bits; the GPT's deterministic step so costs about its default step's compute.
 
@@ -31,11 +31,13 @@ not divide the rank's batch.
 from __future__ import annotations
 
 import math
+import operator
 import os
 
 import numpy as np
 
 from .. import collectives as mp
+from .protocol import micro_batches_apart
 
 MAX_RANKS = 8  # the default micro-shard size serves every rank count up to this
 
@@ -122,6 +124,51 @@ def part_grads(buckets, grads, k: int, spare: dict) -> list[dict]:
     for b, new in zip(buckets, made, strict=True):
         b.parts.extend(new)
     return views
+
+
+class SideBySide:
+    """A forward's K micro-shards side by side (``ddp.forward(x, micro_shards=K)``): K,
+    checked, and the parts' buffers of `part_grads`, kept for the next steps."""
+
+    def __init__(self, ddp):
+        self.ddp, self.k, self.kept = ddp, 1, {}
+
+    def forward_args(self, x, k) -> dict:
+        """The model's forward's keywords for K micro-shards of x; ValueError or TypeError
+        where they cannot be kept apart (then: one forward and backward per micro-shard)."""
+        if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
+            raise ValueError(f"micro_shards must be an int >= 1, not {k!r}")
+        k, self.k = operator.index(k), 1  # 1 until K is checked
+        if k == 1:
+            return {}
+        ddp, run = self.ddp, "run one forward and backward per micro-shard, inside no_sync()"
+        if not ddp.deterministic:
+            raise ValueError("micro_shards is deterministic mode's (deterministic=True): "
+                             "without it a batch of K micro-shards is one batch")
+        if not micro_batches_apart(ddp.model):
+            raise TypeError(f"micro_shards: {type(ddp.model).__name__}'s backward does not "
+                            f"keep micro-batches apart (protocol.py: part_grads); {run}")
+        if not ddp.reducer.splits_shards:
+            raise ValueError(f"micro_shards: ZeRO stage {ddp.zero} makes each bucket during "
+                             f"backward; {run}")
+        if getattr(x, "shape", (k,))[0] % k:
+            raise ValueError(f"micro_shards={k}: {x.shape[0]} samples do not split into "
+                             f"{k} equal micro-shards")
+        self.k = k
+        return {"micro_batches": k}
+
+    def backward_args(self) -> dict:
+        """The model's backward's keywords: K - 1 more parts of each bucket for the first
+        K - 1 micro-shards' gradients (`part_grads`), none for one."""
+        if self.k == 1:
+            return {}
+        return {"part_grads": part_grads(self.ddp.buckets, self.ddp.model.grads, self.k,
+                                         self.kept)}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the parts kept for the next steps (0 but with K > 1)."""
+        return sum(a.nbytes for made, _ in self.kept.values() for new in made for a in new)
 
 
 def exact(comm, b, out, algorithm: str, counts=None, uneven=None):

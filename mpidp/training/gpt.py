@@ -53,14 +53,14 @@ def gpt_param_count(vocab: int, context: int, width: int, n_layer: int) -> int:
     return vocab * C + context * C + n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
-def token_cross_entropy(logits, targets, shards: int = 1) -> tuple[float, object]:
+def token_cross_entropy(logits, targets, micro_batches: int = 1) -> tuple[float, object]:
     """Mean cross-entropy per token (nats) of logits (B, T, V) for targets (B, T); dlogits
-    (`shards`: of each of K micro-shards' B/K·T tokens, `softmax_cross_entropy`)."""
+    (`micro_batches`: of each of K micro-batches' B/K·T tokens, `softmax_cross_entropy`)."""
     B, T, V = logits.shape
-    if B % shards:
-        raise ValueError(f"{B} samples do not split into {shards} micro-shards")
+    if B % micro_batches:
+        raise ValueError(f"{B} samples do not split into {micro_batches} micro-batches")
     loss, dlogits = softmax_cross_entropy(logits.reshape(B * T, V), targets.reshape(-1),
-                                          shards)
+                                          micro_batches)
     return loss, dlogits.reshape(B, T, V)  # (B, T, V), the mean over all B·T tokens
 
 
@@ -77,7 +77,7 @@ class GPT:
     records of the model's shape.
     """
 
-    splits_shards = True  # backward takes part_grads (protocol.py)
+    micro_batches_apart = True  # backward takes part_grads (protocol.py)
 
     def __init__(self, vocab: int, context: int, n_layer: int = 2, n_head: int = 4,
                  width: int = 64, dtype="float32", seed: int = 0, device: str = "cpu"):
@@ -143,7 +143,7 @@ class GPT:
 
     def _target(self, name: str):
         """Where backward writes `name`'s gradient: ``grads[name]``, or with ``part_grads``
-        the tuple of each micro-shard's array, the last one ``grads[name]`` (`layers.each`)."""
+        the tuple of each micro-batch's array, the last one ``grads[name]`` (`layers.each`)."""
         if not self._parts:
             return self.grads[name]
         return (*[part[name] for part in self._parts], self.grads[name])
@@ -172,10 +172,10 @@ class GPT:
     # ------------------------------------------------------------ the model
 
     def forward(self, idx, on_layer: Callable[[int], None] | None = None,
-                micro_shards: int = 1):
+                micro_batches: int = 1):
         """logits (B, T, V) for token ids idx (B, T), T <= context; keeps backward's cache.
 
-        ``micro_shards``: the batch is K micro-shards side by side, for a backward with
+        ``micro_batches``: the batch is K micro-batches side by side, for a backward with
         ``part_grads``; nothing changes here (every product is one sample's already)."""
         if idx.ndim != 2 or not 1 <= idx.shape[1] <= self.context:
             raise ValueError(f"idx must be (B, T) with 1 <= T <= {self.context}, "
@@ -201,16 +201,16 @@ class GPT:
         Args:
             dlogits: (B, T, V) gradient of the loss with respect to the logits.
             accumulate: add to ``grads`` (micro-batches) instead of overwriting them.
-            part_grads: K - 1 dicts like ``grads``: the batch is then K micro-shards of
+            part_grads: K - 1 dicts like ``grads``: the batch is then K micro-batches of
                 B/K samples, the first K - 1's gradients written into these, the last
                 one's into ``grads``, each bitwise what its backward alone would write
-                (`layers.shard_rows`; deterministic mode, `DataParallel.backward`).
+                (`layers.micro_rows`; deterministic mode, `DataParallel.backward`).
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
         if dlogits.shape[0] % (len(part_grads) + 1):
             raise ValueError(f"{dlogits.shape[0]} samples do not split into "
-                             f"{len(part_grads) + 1} micro-shards")
+                             f"{len(part_grads) + 1} micro-batches")
         hook = on_grad or (lambda i: None)
         c_emb, blocks, c_lnf, c_head = self.cache
         self._parts, t = list(part_grads), self._target

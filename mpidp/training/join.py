@@ -98,7 +98,7 @@ class Joining:
     def agree(self, trains: bool, broken: bool = False) -> tuple[int, bool]:
         """The ranks still training and whether their backward syncs (collective)."""
         mine = np.array([trains, trains and self.ddp._sync, broken,
-                         trains and self.ddp._shards], dtype=np.int64)
+                         trains and self.ddp.apart.k], dtype=np.int64)
         mp.allreduce(self.ddp.comm, mp.IN_PLACE, mine, op=mp.SUM,
                      algorithm="recursive_doubling")
         trained, syncs, broken, shards = (int(v) for v in mine)

@@ -5,11 +5,11 @@ output and the activations backward needs (no parameter: backward is given the
 parameters it reads, as llm.c's C backward passes are); ``backward`` returns the
 input gradient and writes (or, with ``accumulate``, adds) the parameter gradients
 into the arrays it is given, so they may be views of DataParallel's buckets.
-A parameter gradient may also be a tuple of K arrays, one per micro-shard: the
-batch is then K micro-shards of B/K samples side by side, and shard k's gradient
+A parameter gradient may also be a tuple of K arrays, one per micro-batch: the
+batch is then K micro-batches of B/K samples side by side, and micro-batch k's gradient
 goes to the k-th array, computed by the same NumPy call on the same (B/K·T, ·)
-rows as a backward of that shard alone would make (`shard_rows`): deterministic
-mode's one backward for all of a rank's micro-shards (`determinism.py`).
+rows as a backward of that micro-batch alone would make (`micro_rows`): deterministic
+mode's one backward for all of a rank's micro-batches (`determinism.py`).
 Shapes: B sequences of T tokens, C channels, V tokens in the vocabulary, nh
 heads of hs = C / nh channels. Every op is checked against central finite
 differences in tests/test_gpt.py.
@@ -35,14 +35,14 @@ def _put(target, value, accumulate: bool) -> None:
 
 
 def each(target) -> tuple:
-    """A gradient's per-shard arrays: the tuple itself, or the one array as a tuple of one."""
+    """A gradient's arrays, one per micro-batch: the tuple itself, or the one array alone."""
     return target if isinstance(target, tuple) else (target,)
 
 
-def shard_rows(a, target, rows: int = 1):
-    """a (B, T, ..., last) as one contiguous block per shard of `target` (`each`):
+def micro_rows(a, target, rows: int = 1):
+    """a (B, T, ..., last) as one contiguous block per micro-batch of `target` (`each`):
     (K, B/K·T, last) with ``rows=1`` (every token a row), (K, B/K, T, ...) with
-    ``rows=0`` (the samples kept). One shard: ``a.reshape(-1, last)``'s rows."""
+    ``rows=0`` (the samples kept). One micro-batch: ``a.reshape(-1, last)``'s rows."""
     K = len(each(target))
     return a.reshape(K, -1, a.shape[-1]) if rows else a.reshape(K, -1, *a.shape[1:])
 
@@ -75,7 +75,7 @@ def embedding_backward(dout, cache, dwte, dwpe, accumulate: bool = False) -> Non
     """
     idx = cache  # (B, T)
     K, T = len(each(dwte)), dout.shape[1]
-    for i, d, dwte_k, dwpe_k in zip(idx.reshape(K, -1), shard_rows(dout, dwte, rows=0),
+    for i, d, dwte_k, dwpe_k in zip(idx.reshape(K, -1), micro_rows(dout, dwte, rows=0),
                                     each(dwte), each(dwpe), strict=True):
         scatter_add(dwte_k, i, d.reshape(-1, d.shape[-1]))  # (V, C) += rows of (BT, C)
         dpos = d.sum(axis=0)  # (T, C)
@@ -102,7 +102,7 @@ def layernorm_forward(x, w, b, eps: float = 1e-5):
 def layernorm_backward(dout, cache, w, dw, db, accumulate: bool = False):
     """dx of layer norm with gain w; dw, db written in place. dout, dx: (B, T, C)."""
     norm, rstd = cache
-    for dn, d, dw_k, db_k in zip(shard_rows(dout * norm, dw), shard_rows(dout, dw), each(dw),
+    for dn, d, dw_k, db_k in zip(micro_rows(dout * norm, dw), micro_rows(dout, dw), each(dw),
                                  each(db), strict=True):
         _put(dw_k, dn.sum(axis=0), accumulate)  # (C,)
         _put(db_k, d.sum(axis=0), accumulate)  # (C,)
@@ -124,8 +124,8 @@ def linear_forward(x, W, b):
 def linear_backward(dout, cache, W, dW, db, accumulate: bool = False):
     """dx of x @ W + b; dW, db written in place. dout: (B, T, out), W: (in, out)."""
     x = cache  # (B, T, in)
-    for x2, d2, dW_k, db_k in zip(shard_rows(x, dW), shard_rows(dout, dW), each(dW), each(db),
-                                  strict=True):  # (BT, in), (BT, out) a shard's rows
+    for x2, d2, dW_k, db_k in zip(micro_rows(x, dW), micro_rows(dout, dW), each(dW), each(db),
+                                  strict=True):  # (BT, in), (BT, out) a micro-batch's rows
         _put(dW_k, x2.T @ d2, accumulate)  # (in, out)
         _put(db_k, d2.sum(axis=0), accumulate)  # (out,)
     return dout @ W.T  # (B, T, in)
@@ -196,7 +196,7 @@ def head_forward(x, wte):
 def head_backward(dout, cache, wte, dwte, accumulate: bool = False):
     """dx; the head's part of dwte written (or added) first, the embedding's added later."""
     x = cache  # (B, T, C); wte: (V, C)
-    for d, x2, dwte_k in zip(shard_rows(dout, dwte), shard_rows(x, dwte), each(dwte),
+    for d, x2, dwte_k in zip(micro_rows(dout, dwte), micro_rows(x, dwte), each(dwte),
                              strict=True):
         _put(dwte_k, d.T @ x2, accumulate)  # (V, C) = (BT, V)^T @ (BT, C)
     return dout @ wte  # (B, T, C)

@@ -12,10 +12,10 @@ moment dW_i and db_i are written: this is where data parallelism starts layer
 i's gradient all-reduce while layers i-1 .. 1 are still being differentiated.
 The model meets `protocol.py`, its optional parts too: with ``row_stops`` a
 layer's dW is computed in slices of rows (`linear_backward_by_rows`); with
-``micro_shards=K`` (forward) and ``part_grads`` (backward) the batch is K
-micro-shards side by side, each layer's products stacked by shard, (K, B/K, ·),
-so each shard's rows meet the GEMMs a batch of its own would (a 2-D product over
-all B rows may round a row otherwise), and each shard's dW, db written apart.
+``micro_batches=K`` (forward) and ``part_grads`` (backward) the batch is K
+micro-batches side by side, each layer's products stacked by micro-batch, (K, B/K, ·),
+so each micro-batch's rows meet the GEMMs a batch of its own would (a 2-D product
+over all B rows may round a row otherwise), and each one's dW, db written apart.
 
 Gradients are written *into* ``model.grads[name]`` (``out=``), never by
 rebinding the dict entry, so `DataParallel` can make those arrays views of its
@@ -62,8 +62,8 @@ def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool
         dW, db: (in, out) and (out,) arrays the gradients are written into.
     """
     x, W = cache  # (B, in), (in, out); side by side (K, B/K, in): dW, db a tuple of K each
-    shards = zip(x, dout, dW, db, strict=True) if isinstance(dW, tuple) else [(x, dout, dW, db)]
-    for x, d, dW, db in shards:
+    apart = zip(x, dout, dW, db, strict=True) if isinstance(dW, tuple) else [(x, dout, dW, db)]
+    for x, d, dW, db in apart:
         if accumulate:
             dW += x.T @ d  # (in, out)
             db += d.sum(axis=0)  # (out,)
@@ -138,18 +138,19 @@ ACTIVATIONS = {
 }
 
 
-def softmax_cross_entropy(logits, labels, shards: int = 1) -> tuple[float, object]:
+def softmax_cross_entropy(logits, labels, micro_batches: int = 1) -> tuple[float, object]:
     """Mean cross-entropy over the batch and its gradient; stable for large logits.
 
     Returns:
         loss: a Python float, ``-mean(log softmax(logits)[b, labels[b]])``.
-        dlogits: (B, C), ``(softmax(logits) - onehot(labels)) / B``; with `shards`
-            K micro-shards of B/K rows side by side, ``/ (B/K)``: each shard's mean's.
+        dlogits: (B, C), ``(softmax(logits) - onehot(labels)) / B``; with
+            ``micro_batches=K`` (K of B/K rows side by side) ``/ (B/K)``: each one's mean's.
     """
     xp = xp_of(logits)
     B = logits.shape[0]
-    if isinstance(shards, bool) or operator.index(shards) < 1 or B % shards:
-        raise ValueError(f"{B} rows do not split into shards={shards!r} equal micro-shards")
+    k = micro_batches
+    if isinstance(k, bool) or operator.index(k) < 1 or B % k:
+        raise ValueError(f"{B} rows do not split into micro_batches={k!r} equal micro-batches")
     shifted = logits - logits.max(axis=1, keepdims=True)  # (B, C); max 0: exp cannot overflow
     logz = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))  # (B, 1)
     logp = shifted - logz  # (B, C) log-probabilities
@@ -157,7 +158,7 @@ def softmax_cross_entropy(logits, labels, shards: int = 1) -> tuple[float, objec
     loss = -float(logp[rows, labels].mean())
     dlogits = xp.exp(logp)  # (B, C) softmax
     dlogits[rows, labels] -= 1  # (B, C) softmax - onehot
-    dlogits /= B // shards  # the loss is a mean over the batch (over each shard)
+    dlogits /= B // micro_batches  # the loss is a mean over the batch (over each micro-batch)
     return loss, dlogits
 
 
@@ -176,7 +177,7 @@ class MLP:
     """
 
     cuts_rows = True  # backward takes row_stops and on_rows (protocol.py)
-    splits_shards = True  # forward takes micro_shards, backward part_grads (protocol.py)
+    micro_batches_apart = True  # forward takes micro_batches, backward part_grads (protocol.py)
 
     def __init__(self, sizes, activation: str = "relu", dtype="float32", seed: int = 0,
                  device: str = "cpu"):
@@ -206,17 +207,17 @@ class MLP:
         return f"W{i}", f"b{i}"
 
     def forward(self, x, on_layer: Callable[[int], None] | None = None,
-                micro_shards: int = 1):
+                micro_batches: int = 1):
         """logits (B, C) for x (B, D0); keeps what backward needs in ``self.cache``.
 
-        ``micro_shards``: K shards of B/K rows side by side, every layer's product
-        stacked by shard (module doc); the backward then takes ``part_grads``."""
+        ``micro_batches``: K micro-batches of B/K rows side by side, every layer's product
+        stacked by micro-batch (module doc); the backward then takes ``part_grads``."""
         act_forward, _ = ACTIVATIONS[self.activation]
         caches = []
-        if x.shape[0] % micro_shards:
-            raise ValueError(f"{x.shape[0]} samples do not split into {micro_shards} "
-                             "micro-shards")
-        h = x if micro_shards == 1 else x.reshape(micro_shards, -1, x.shape[-1])  # (B, D0)
+        if x.shape[0] % micro_batches:
+            raise ValueError(f"{x.shape[0]} samples do not split into {micro_batches} "
+                             "micro-batches")
+        h = x if micro_batches == 1 else x.reshape(micro_batches, -1, x.shape[-1])  # (B, D0)
         for i in range(1, self.layers + 1):
             x_in = h  # (B, D_{i-1})
             h = linear_forward(x_in, self.params[f"W{i}"], self.params[f"b{i}"])[0]  # (B, D_i)
@@ -242,9 +243,9 @@ class MLP:
                 (`linear_backward_by_rows`); a layer not in it runs whole.
             on_rows: ``on_rows(i, stop)`` after each slice of layer i (stop: rows of
                 dW_i written so far, db_i too; None: a slice of dx).
-            part_grads: K - 1 dicts like ``grads``, after a forward of K micro-shards:
-                the first K - 1 shards' gradients (``grads`` the last one's), each
-                bitwise what a backward of that shard alone writes.
+            part_grads: K - 1 dicts like ``grads``, after a forward of K micro-batches:
+                the first K - 1 micro-batches' gradients (``grads`` the last one's), each
+                bitwise what a backward of that micro-batch alone writes.
         """
         if self.cache is None:
             raise RuntimeError("backward() needs a forward() first")
@@ -254,7 +255,8 @@ class MLP:
             raise ValueError(f"part_grads: {K - 1} dicts, for a forward of "
                              f"{self.cache[0][0].shape[:-1]} rows")
         if row_stops and K > 1:
-            raise ValueError("row_stops cut a product, part_grads keep shards apart: not both")
+            raise ValueError("row_stops cut a product, part_grads keep micro-batches apart: "
+                             "not both")
         dout = dlogits if K == 1 else dlogits.reshape(K, -1, dlogits.shape[-1])  # (B, C)
         for i in range(self.layers, 0, -1):
             x_in, act_cache = self.cache[i - 1]

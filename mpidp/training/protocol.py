@@ -29,14 +29,14 @@ backward also takes
 Each slice is then a contiguous part of the unit's gradients in a bucket (W's rows,
 then b), which a reduction may start on at once (`pieces.py`).
 
-Optional, micro-shards apart: a model whose ``splits_shards`` is True takes
+Optional, micro-batches apart: a model whose ``micro_batches_apart`` is True takes
 
-    micro_shards     (forward) K: the batch is K micro-shards of B/K samples side
+    micro_batches    (forward) K: the batch is K micro-batches of B/K samples side
                      by side, each computed as a batch of its own would be
-    part_grads       (backward) K - 1 dicts like ``grads``: the first K - 1 shards'
-                     gradients go to these, the last one's to ``grads``, each
-                     bitwise what a backward of that shard alone writes
-                     (deterministic mode, `determinism.py`)
+    part_grads       (backward) K - 1 dicts like ``grads``: the first K - 1
+                     micro-batches' gradients go to these, the last one's to
+                     ``grads``, each bitwise what a backward of it alone writes
+                     (deterministic mode's micro-shards, `determinism.SideBySide`)
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def cuts_rows(model) -> bool:
     return getattr(model, "cuts_rows", False) is True
 
 
-def splits_shards(model) -> bool:
-    """Whether `model`'s forward takes ``micro_shards`` and its backward ``part_grads``
+def micro_batches_apart(model) -> bool:
+    """Whether `model`'s forward takes ``micro_batches`` and its backward ``part_grads``
     (the other optional part)."""
-    return getattr(model, "splits_shards", False) is True
+    return getattr(model, "micro_batches_apart", False) is True
