@@ -12,10 +12,14 @@ per micro-shard inside ``no_sync()``: gradients, parameters and optimizer state 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import launch
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -254,3 +258,19 @@ def test_a_traced_dataparallel_takes_micro_shards_and_traces_the_step(tmp_path):
     tracer.write(path)
     names = {e["name"] for e in json.load(open(path))["traceEvents"]}
     assert {"forward L1", "backward L1", "allreduce bucket 0"} <= names, names
+
+
+@pytest.mark.parametrize("kind, looped", [("mlp", False), ("gpt", False), ("mlp", True)])
+def test_the_step_timing_tool_runs_and_times_the_parts(kind, looped):
+    """tools/determ_step.py (the figures of docs/benchmarks-notes.md) on 2 ranks, 2 steps:
+    it patches the functions it times by name, so a move of one of them broke it (the
+    parts' `part_grads` left ddp.py), and it refuses to print a part whose function was
+    never called (patched under a name nothing calls it by)."""
+    root = Path(__file__).resolve().parent.parent
+    argv = [sys.executable, str(root / "tools" / "determ_step.py"), kind, "--steps", "2",
+            "--warmup", "1", *(["--looped"] if looped else [])]
+    code, out, err, _ = launch.run(2, argv, timeout=120, cwd=str(root))
+    assert code == 0, (code, out, err)
+    assert re.search(rf"^{kind} deterministic +A=\d+ step \d+\.\d+ .* keep \d", out, re.M), out
+    assert re.search(rf"^{kind} ratio \d+\.\d+x \({'looped' if looped else 'side by side'}\)",
+                     out, re.M), out

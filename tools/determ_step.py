@@ -32,14 +32,17 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 from mpidp import collectives  # noqa: E402
-from mpidp.training import ddp as ddp_module  # noqa: E402
-from mpidp.training import reducers, trainer  # noqa: E402
+from mpidp.training import determinism, reducers, trainer  # noqa: E402
 
 TIMES: dict[str, float] = {}
+CALLS: dict[str, int] = {}  # the timed functions' calls, by name: each must be called
 
 
 def timed(key, fn):
+    CALLS[fn.__name__] = 0
+
     def wrapper(*a, **k):
+        CALLS[fn.__name__] += 1
         t0 = time.perf_counter()
         try:
             return fn(*a, **k)
@@ -49,7 +52,7 @@ def timed(key, fn):
 
 
 reducers.keep_apart = timed("keep", reducers.keep_apart)
-ddp_module.part_grads = timed("keep", ddp_module.part_grads)
+determinism.part_grads = timed("keep", determinism.part_grads)
 reducers.exact = timed("start", reducers.exact)
 collectives.testall = timed("progress", collectives.testall)  # ddp's calls: the sums' rounds
 
@@ -137,6 +140,12 @@ def main():
             r = step(ddp, A, batches, loss_fn, det, together)
             if s >= a.warmup:
                 rows[det].append(r)
+    A = runs[True][2]
+    never = [name for name, n in CALLS.items()
+             if n == 0 and (name != "part_grads" or (A > 1 and not a.looped))]
+    if never:  # a patched name its caller no longer reads: that part would read 0
+        sys.exit(f"determ_step.py: {', '.join(never)} never called: the tool times it "
+                 "by a name the training code no longer calls it by")
     if comm.Get_rank() == 0:
         load = os.getloadavg()[0]
         for det in (False, True):
