@@ -212,7 +212,7 @@ def test_nearest_rounds_a_fraction_once():
 
 
 @pytest.mark.parametrize("dtype", ["<f2", ">f2", "<f4", ">f4"])
-@pytest.mark.parametrize("n", [2, 3, 8, 24])
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 24])
 def test_one_word_mean_is_rounded_once_at_midpoints_ties_and_the_ends(dtype, n):
     """`averaging.mean` with one word (float16, float32) against the oracle, on sums W1
     made to land on the dtype's midpoints: q = W1/n a midpoint that is not the mean

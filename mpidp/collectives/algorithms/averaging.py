@@ -5,7 +5,10 @@ the mean is representable (float16: 60000 on 3 ranks sums to inf). The words
 hold V exactly (prerounding.py), so the mean is taken from them:
 
 - one word (float16, float32): W1 is V, a float64. q = fl64(W1/n), then the
-  rounding to the dtype. Rounding twice errs only where q is exactly a midpoint
+  rounding to the dtype. Where n is a power of two, q is W1/n exactly (a float64
+  divided by 2^k is exact down to 2^-1022, and a q below that rounds to ±0 in the
+  dtype whatever its last bits), so out = q rounded once: nothing is in doubt.
+  Otherwise rounding twice errs only where q is exactly a midpoint
   of the dtype (every such midpoint is a float64, and rounding is monotonic):
   those items, and only they, are decided exactly (`nearest`). In the normal
   range a midpoint is a bit pattern (the float64 bits below the dtype's last
@@ -90,6 +93,8 @@ def _one_word(w1, out, n: int):
     """
     q = w1 / n
     np.copyto(out, q, casting="same_kind")
+    if n & (n - 1) == 0:  # n = 2^k: q = W1/n exactly, rounded once (module doc)
+        return np.zeros(q.shape, bool)
     info = np.finfo(out.dtype)
     below = 52 - int(info.nmant)  # float64 mantissa bits under the dtype's last one
     doubt = (q.view(np.int64) & ((1 << below) - 1)) == (1 << (below - 1))
