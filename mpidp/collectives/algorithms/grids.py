@@ -9,7 +9,7 @@ the rounding error stays within the bound prerounding.py's docstring derives
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -56,6 +56,7 @@ def most_addends(name: str) -> int:
     return 2 ** k
 
 
+@lru_cache(maxsize=256)  # (a Grid is immutable; every exact call asks for its grid)
 def grid(dtype, addends: int, average: bool = False) -> Grid:
     """The grid for `addends` addends of `dtype` (float16, float32 or float64, in either
     byte order: the grid is the native dtype's, its float64 words native; n <= 2 adds the
