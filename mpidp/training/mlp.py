@@ -158,7 +158,7 @@ def softmax_cross_entropy(logits, labels, micro_batches: int = 1) -> tuple[float
     loss = -float(logp[rows, labels].mean())
     dlogits = xp.exp(logp)  # (B, C) softmax
     dlogits[rows, labels] -= 1  # (B, C) softmax - onehot
-    dlogits /= B // micro_batches  # the loss is a mean over the batch (over each micro-batch)
+    dlogits /= B // k  # the loss is a mean over the batch (over each micro-batch)
     return loss, dlogits
 
 
