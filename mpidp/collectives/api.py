@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from . import small
 from .algorithms import ALGORITHMS  # noqa: F401 (mpidp.ALGORITHMS: each collective's names)
 from .checks import check_algorithm  # noqa: F401 (mpidp.check_algorithm)
 from .cost import choose  # noqa: F401 (api.choose: what "auto" picks)
@@ -49,8 +50,13 @@ def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw)
     """All-reduce: every rank's `recvbuf` gets the reduction of all ranks' `sendbuf`.
 
     Keywords: ``tag`` (your own, below ``TAG_BASE``), ``debug`` (check that ranks agree).
+    A small call replays its signature's recorded schedule (`small`), once recorded.
     """
-    planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).run()
+    if kw:
+        planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).run()
+    elif not small.allreduce(comm, sendbuf, recvbuf, op, algorithm):
+        planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm).run()
+        small.record(comm, sendbuf, recvbuf, op, algorithm)
 
 
 def iallreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> Request:

@@ -57,7 +57,6 @@ from .algorithms.doubling import recursive_doubling_allreduce
 from .algorithms.hosts import spans_hosts
 from .algorithms.ops import MAX, SUM
 from .algorithms.rounds import Rounds
-from .bounded import Bounded
 from .checks import check_algorithm
 from .engine.driver import run
 from .linkrate import calibrate_link
@@ -154,8 +153,7 @@ def set_model(comm, alpha: float, beta: float, gamma: float, fixed: float = 0.0,
     m = Model(float(alpha), float(beta), float(gamma), float(fixed), float(beta_inter))
     for name, value in ((k, v) for k, v in m._asdict().items() if not 0 <= v < math.inf):
         raise ValueError(f"cost model {name}={value}: expected a finite number >= 0")
-    st = state(comm)
-    st.model, st.choices, st.setups = m, Bounded(), Bounded()  # the old model's are stale
+    state(comm).forget(m)  # the old model's choices are stale
     return m
 
 

@@ -54,6 +54,7 @@ SLOTS = 4096  # collectives in flight at once on one communicator, where the tag
 MAX_SIGS = 1 << 16
 MIN_SIGS = 16  # under a narrow tag bound, fewer slots rather than fewer signatures than this
 STANDARD_TAG_UB = 32767  # the smallest tag bound the MPI standard allows
+SCHEDULES = 64  # small calls' recorded runs kept per communicator (each holds <= 3 x 4 KiB)
 
 
 class CommState:
@@ -65,6 +66,7 @@ class CommState:
         self.choices = Bounded()  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (placement.placement)
         self.setups = Bounded()  # call signature -> what it determines (`plan.Call.setup`)
+        self.schedules = Bounded(limit=SCHEDULES)  # small calls' recorded runs (`small`)
         self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
         room = tag_ub - TAG_BASE + 1  # tags from TAG_BASE to tag_ub
         self.slots = SLOTS
@@ -167,8 +169,14 @@ class CommState:
     def inherit(self, parent: CommState) -> None:
         """Take over `parent`'s cost model and placement (a duplicate of the same ranks: no
         new calibration, no new query)."""
-        self.model, self.choices, self.setups = parent.model, Bounded(parent.choices), Bounded()
-        self.placement = parent.placement
+        self.forget(parent.model)
+        self.choices, self.placement = Bounded(parent.choices), parent.placement
+
+    def forget(self, model) -> None:
+        """Use cost model `model` from now on: what `auto` chose under the old one, and the
+        setups and recorded schedules made of its choices, are stale."""
+        self.model, self.choices = model, Bounded()
+        self.setups, self.schedules = Bounded(), Bounded(limit=SCHEDULES)
 
 
 def signature(*args) -> int:

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from .. import cost, plans
+from .. import cost, plans, small
 from ..algorithms import ALGORITHMS
 from ..checks import check_algorithm
 from ..engine.completion import waitall
@@ -79,7 +79,12 @@ class Comm:
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
-        self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
+        algorithm = self._algorithm_for("allreduce", algorithm)
+        if self.debug:
+            self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
+        elif not small.allreduce(self.comm, sendbuf, recvbuf, op, algorithm, "mpi4py"):
+            self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
+            small.record(self.comm, sendbuf, recvbuf, op, algorithm, "mpi4py")
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allreduce; returns a Request."""
