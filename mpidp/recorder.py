@@ -144,9 +144,10 @@ class Recorder:
             self.agreeing = None
         return self.ident.name
 
-    def add(self, seq) -> list:
+    def add(self, seq, signed=None, tag=None) -> list:
         """Record a call numbered `seq`, made from the first frame outside mpidp: the
-        entry [seq, code, offset, time, state, signed, tag, error, request, running, what].
+        entry [seq, code, offset, time, state, signed, tag, error, request, running, what]
+        (`signed` and `tag` where the call knows them already, else stored once planned).
 
         Walking up frame by frame makes a frame object of each (`_walk`); most calls
         come the way the last one did, so the frame where the last site was is tried
@@ -162,7 +163,7 @@ class Recorder:
         except (ValueError, AttributeError):  # not that many frames (f_back None)
             f = _walk()
             code = f.f_code
-        entry = [seq, code, f.f_lasti, _time(), PLANNED, None, None, None, None, None, None]
+        entry = [seq, code, f.f_lasti, _time(), PLANNED, signed, tag, None, None, None, None]
         self.append(entry)
         if self.agreeing is not None and self.agreeing.progress():  # the id's numbers in
             self.agreeing = None

@@ -63,7 +63,8 @@ class Schedule(NamedTuple):
     """One signature's recorded run on buffers of its own."""
 
     buf: np.ndarray  # the vector the run reduces in place: the input in, the result out
-    log: list  # in order, its rounds (`_step`) and reductions, (ufunc, a, b, out)
+    pre: list  # reductions before the first round, (ufunc, a, b, out)
+    steps: list  # per round (`_step`): how to exchange it, then the reductions after it
     signed: Signed  # the signature, as a planned call's flight entry holds it
     tag_base: int  # the tag of slot 0 (`state.CommState.tag`): a call's tag is this + slot
 
@@ -98,28 +99,24 @@ def allreduce(comm, sendbuf, recvbuf, op, algorithm: str, checks: str = "api") -
                          or np.may_share_memory(sendbuf, recvbuf)):
         return False
     slot = st.take()  # the call's number and tag, first of all (as `plan.Call`)
-    rec = st.flight
-    entry = None if rec is None else rec.add(st.started - 1)
-    tag = found.tag_base + slot
-    if entry is not None:
-        entry[flight.SIGNED], entry[flight.TAG] = found.signed, tag
-        if rec.agreeing is not None:
-            rec.started()
+    tag, rec = found.tag_base + slot, st.flight
+    entry = None if rec is None else rec.add(st.started - 1, found.signed, tag)
+    if entry is not None and rec.agreeing is not None:
+        rec.started()  # (a Split comm's id still being agreed on: its numbers go out)
     buf = found.buf
     try:
         buf[...] = recvbuf if in_place else sendbuf
-        for step in found.log:
-            if len(step) == 4:  # a reduction
-                f, a, b, out = step
-                f(a, b, out)
-                continue
+        for f, a, b, out in found.pre:
+            f(a, b, out)
+        for running, send, to, recv, source, reductions in found.steps:
             if entry is not None:  # the round in flight, for a flight dump
-                entry[_RUNNING] = step[0]
-            if len(step) == 2:
-                exchange(comm, step[1], tag)
+                entry[_RUNNING] = running
+            if send is None:
+                exchange(comm, running[1], tag)
             else:  # one Sendrecv, its buffer specs made once (`driver.exchange` spells them)
-                _, send, to, recv, source = step
                 comm.Sendrecv(send, to, tag, recv, source, tag)
+            for f, a, b, out in reductions:
+                f(a, b, out)
         recvbuf[...] = buf
     except BaseException as e:
         st.release(slot)
@@ -159,19 +156,23 @@ def record(comm, sendbuf, recvbuf, op, algorithm: str, checks: str = "api") -> N
         return
     buf = np.zeros(recvbuf.size, dtype=recvbuf.dtype)
     tmp = np.zeros(s.scratch, dtype=recvbuf.dtype)
-    log: list = []
-    rounds = s.algo.rounds(comm, buf, s.blocks, Recorder(op, log), tmp, None)
+    recorder = Recorder(op, [])  # (its log: the reductions of the round last yielded)
+    rounds = s.algo.rounds(comm, buf, s.blocks, recorder, tmp, None)
+    pre, steps = recorder.log, []
     for count, round_ in enumerate(rounds):
-        log.append(_step((count, round_)))
-    st.schedules.remember(key, Schedule(buf, log, s.signed, st.tag(0, s.signed.sig)))
+        recorder.log = []
+        steps.append(_step((count, round_), recorder.log))
+    st.schedules.remember(key, Schedule(buf, pre, steps, s.signed, st.tag(0, s.signed.sig)))
 
 
-def _step(running: tuple) -> tuple:
-    """A recorded round as the replay runs it: `running` (round number, round), which a
-    flight entry holds while it is in flight, and, for a send and a receive, the specs
-    and peers of their one ``Sendrecv`` (`driver.exchange`'s, made once here)."""
+def _step(running: tuple, reductions: list) -> tuple:
+    """A recorded round as the replay runs it: `running`, (round number, round), which a
+    flight entry holds while it is in flight; for a send and a receive, the specs and peers
+    of their one ``Sendrecv`` (`driver.exchange`'s, made once here), else Nones (the
+    round goes to `driver.exchange`); then the reductions that follow it."""
     round_ = running[1]
     if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
         send, recv = round_ if type(round_[0]) is Send else round_[::-1]
-        return running, [send.buf, MPI.BYTE], send.peer, [recv.buf, MPI.BYTE], recv.peer
-    return running, round_
+        return (running, [send.buf, MPI.BYTE], send.peer, [recv.buf, MPI.BYTE], recv.peer,
+                reductions)
+    return running, None, None, None, None, reductions
