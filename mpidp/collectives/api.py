@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import small
+from . import blocking
 from .algorithms import ALGORITHMS  # noqa: F401 (mpidp.ALGORITHMS: each collective's names)
 from .checks import check_algorithm  # noqa: F401 (mpidp.check_algorithm)
 from .cost import choose  # noqa: F401 (api.choose: what "auto" picks)
@@ -50,13 +50,12 @@ def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw)
     """All-reduce: every rank's `recvbuf` gets the reduction of all ranks' `sendbuf`.
 
     Keywords: ``tag`` (your own, below ``TAG_BASE``), ``debug`` (check that ranks agree).
-    A small call replays its signature's recorded schedule (`small`), once recorded.
+    A call like an earlier one replays its recorded schedule (`blocking`).
     """
-    if kw:
+    if kw or not blocking.allreduce(comm, sendbuf, recvbuf, op, algorithm):
         planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).run()
-    elif not small.allreduce(comm, sendbuf, recvbuf, op, algorithm):
-        planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm).run()
-        small.record(comm, sendbuf, recvbuf, op, algorithm)
+        if not kw:
+            blocking.record("allreduce", comm, sendbuf, recvbuf, op, algorithm)
 
 
 def iallreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw) -> Request:
@@ -106,8 +105,14 @@ def reduce_scatter_block_init(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str
 
 def allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
               algorithm: str = "auto", **kw) -> None:
-    """All-gather; see `plans.plan_allgather`."""
-    planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs, algorithm, **kw).run()
+    """All-gather; see `plans.plan_allgather`. Equal blocks (no counts, no displs): a call
+    like an earlier one replays its recorded schedule (`blocking`)."""
+    plain = not kw and recvcounts is None and displs is None
+    if not (plain and blocking.allgather(comm, sendbuf, recvbuf, algorithm)):
+        planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs, algorithm,
+                **kw).run()
+        if plain:
+            blocking.record("allgather", comm, sendbuf, recvbuf, algorithm)
 
 
 def iallgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
@@ -134,8 +139,12 @@ def allgatherv_init(comm, sendbuf, recvbuf, recvcounts, displs=None, algorithm: 
 
 
 def bcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> None:
-    """Broadcast `buf` from `root`."""
-    planned(plan_bcast, comm, buf, root, algorithm, **kw).run()
+    """Broadcast `buf` from `root`; a call like an earlier one replays its recorded
+    schedule (`blocking`)."""
+    if kw or not blocking.bcast(comm, buf, root, algorithm):
+        planned(plan_bcast, comm, buf, root, algorithm, **kw).run()
+        if not kw:
+            blocking.record("bcast", comm, buf, root, algorithm)
 
 
 def ibcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Request:

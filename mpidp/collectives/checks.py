@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -42,6 +43,21 @@ def check_algorithm(collective: str, algorithm) -> tuple:
     if algorithm not in names:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; expected one of {names}")
     return names
+
+
+def check_algorithms(algorithm) -> None:
+    """`mpidp.Comm`'s `algorithm`: ValueError for a name (or dict entry) that mpidp.ALGORITHMS
+    does not list, TypeError for neither a name nor a dict."""
+    if isinstance(algorithm, str):
+        names = sorted({name for names in ALGORITHMS.values() for name in names})
+        if algorithm not in names:
+            raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {names}, "
+                             f"or a dict {{collective: name}} (see mpidp.ALGORITHMS)")
+    elif isinstance(algorithm, Mapping):
+        for collective, name in algorithm.items():
+            check_algorithm(collective, name)
+    else:
+        raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")
 
 
 def index(value, what: str) -> int:

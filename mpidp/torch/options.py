@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from ..collectives import api
-from ..collectives.dropin.comm import _check_algorithm as check_algorithm
+from ..collectives.checks import check_algorithms as check_algorithm
 
 
 class Options:

@@ -38,9 +38,9 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from .. import cost, plans, small
+from .. import blocking, cost, plans
 from ..algorithms import ALGORITHMS
-from ..checks import check_algorithm
+from ..checks import check_algorithms
 from ..engine.completion import waitall
 from ..engine.driver import Request
 from ..persistent import Persistent
@@ -70,7 +70,7 @@ class Comm:
         if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
             raise ValueError("cannot wrap MPI.COMM_NULL")
         state(comm)  # refuses an intercommunicator, wrapped in a comm-like or not
-        _check_algorithm(algorithm)
+        check_algorithms(algorithm)
         self.comm = comm
         self.algorithm = dict(algorithm) if isinstance(algorithm, Mapping) else algorithm
         self.debug = debug
@@ -79,12 +79,7 @@ class Comm:
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
-        algorithm = self._algorithm_for("allreduce", algorithm)
-        if self.debug:
-            self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
-        elif not small.allreduce(self.comm, sendbuf, recvbuf, op, algorithm, "mpi4py"):
-            self._call(parse.allreduce, self, sendbuf, recvbuf, op, algorithm).run()
-            small.record(self.comm, sendbuf, recvbuf, op, algorithm, "mpi4py")
+        self._blocking("allreduce", parse.allreduce, sendbuf, recvbuf, op, algorithm)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allreduce; returns a Request."""
@@ -116,7 +111,7 @@ class Comm:
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Block r of every rank's recvbuf gets rank r's sendbuf (MPI_Allgather)."""
-        self._call(parse.allgather, self, sendbuf, recvbuf, algorithm).run()
+        self._blocking("allgather", parse.allgather, sendbuf, recvbuf, algorithm)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgather; returns a Request."""
@@ -132,7 +127,7 @@ class Comm:
 
     def Bcast(self, buf, root: int = 0, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's buf gets root's buf (MPI_Bcast)."""
-        self._call(parse.bcast, self, buf, root, algorithm).run()
+        self._blocking("bcast", parse.bcast, buf, root, algorithm)
 
     def Ibcast(self, buf, root: int = 0, *, algorithm=None) -> Request:  # noqa: N802
         """Start a Bcast; returns a Request."""
@@ -187,6 +182,16 @@ class Comm:
         has used it up, on this rank as on the others.
         """
         return planned(parse, self.comm, *args, debug=self.debug, persistent=persistent)
+
+    def _blocking(self, collective: str, parse, *args) -> None:
+        """A blocking call (``args`` end with its algorithm): replayed where it is like an
+        earlier one (`blocking`, with mpi4py's checks), else planned, then recorded."""
+        *args, algorithm = args
+        args = (*args, self._algorithm_for(collective, algorithm))
+        if self.debug or not getattr(blocking, collective)(self.comm, *args, "mpi4py"):
+            self._call(parse, self, *args).run()
+            if not self.debug:
+                blocking.record(collective, self.comm, *args, checks="mpi4py")
 
     def _plan(self, call, plan, collective: str, algorithm, *args, **kwargs):
         """``plans.plan_<collective>(call, ...)`` with this Comm's algorithm."""
@@ -283,20 +288,3 @@ def duplicate(comm, with_model: bool = True):
         cost.model(parent)
         state(dup).inherit(state(parent))
     return dup
-
-
-
-# ---------------------------------------------------------------- algorithm names
-
-def _check_algorithm(algorithm) -> None:
-    """Raise ValueError for a name (or dict entry) that mpidp.ALGORITHMS does not list."""
-    if isinstance(algorithm, str):
-        names = sorted({name for names in ALGORITHMS.values() for name in names})
-        if algorithm not in names:
-            raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {names}, "
-                             f"or a dict {{collective: name}} (see mpidp.ALGORITHMS)")
-    elif isinstance(algorithm, Mapping):
-        for collective, name in algorithm.items():
-            check_algorithm(collective, name)
-    else:
-        raise TypeError(f"algorithm must be a name or a dict, not {type(algorithm).__name__}")

@@ -1,0 +1,145 @@
+"""Blocking calls replayed: a signature's schedule recorded once, then run without planning.
+
+A blocking all-reduce of a few KiB, or an all-gather or broadcast on 2 ranks (one
+message each way), takes longer in Python than on the wire: planning it (a `Plan`,
+scratch, the algorithm's generator, its rounds) costs more than the exchange
+(docs/benchmarks-notes.md, "Blocking calls replayed"). But a schedule depends only
+on the signature (counts, dtype, op, root, algorithm) and the comm: which parts of
+which buffer go to which peer in which round, and which reductions follow. So the
+first call of a signature is planned, as every call was, and then recorded: its
+generator runs again, dry, on stand-ins for the caller's buffers, and every array it
+names is noted as an operand of a call: all of a caller's buffer, a part of one, or
+a value the record keeps (`records`). Every later call replays the record on its own
+buffers:
+
+    first call of a signature (planned)       every later call (replayed here)
+    -----------------------------------       ---------------------------------
+    the call path: slot, checks, setup, tag   slot, the arrays' checks, tag
+    the generator on the caller's buffers     the operands: [buf, src, parts, values]
+    then `records.record`: the generator      per round: its Sendrecv (or exchange)
+    run dry on stand-ins, its rounds and      of operands, then the reductions noted
+    reductions noted as operands              after it
+
+A replayed call is a planned call on the wire: it takes its own slot and tag of the
+comm's sequence (`state`), and it sends the messages its generator sends, from and
+into the same places. So each rank replays or plans as it likes; the ranks need not
+agree on which. Where a call's own work raises (a reduction), its slot goes back and
+its flight entry says why, as a planned call's.
+
+Replayed only where every condition holds (else the call is planned, as any other):
+1-D NumPy arrays; a registered algorithm that writes only by receives and its op
+(`Algorithm.replayable`) and runs on the caller's buffers as they are (an all-gather
+into equal blocks, in place or from a sendbuf it `takes_src`); a plain op (no exact
+sum, no float16 average) and at most `records.REDUCE_BYTES` for an all-reduce, whose
+scratch the record keeps; more than one rank; and neither ``MPIDP_DEBUG`` (its agreement
+check is the planned path's) nor ``MPIDP_TIMEOUT`` (a deadline is the `Request`'s).
+The records are kept per communicator (`CommState.schedules`, at most
+`state.SCHEDULES`) and forgotten with its cost model, as ``auto``'s picks may change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import flight
+from ..config import debug_enabled
+from .engine.completion import default_timeout
+from .engine.driver import exchange
+from .mpiops import resolve_op
+from .plans import IN_PLACE
+from .records import PLANNED, Schedule, record  # noqa: F401 (blocking.record: api's)
+from .state import state
+
+_ndarray, _BYTE = np.ndarray, MPI.BYTE
+_RUNNING, _DONE = flight.RUNNING, flight.DONE
+
+
+def allreduce(comm, sendbuf, recvbuf, op, algorithm: str, checks: str = "api") -> bool:
+    """Replay a blocking all-reduce; False (nothing done, no slot taken) where no record
+    is kept or the call is not one to replay.
+
+    `checks`: whose checks of the kinds of arguments the recorded call passed, ``"api"``
+    (`mpidp.allreduce`) or ``"mpi4py"`` (`mpidp.Comm.Allreduce`, whose rules differ).
+    """
+    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or not _pair(sendbuf, recvbuf):
+        return False
+    src = None if sendbuf is IN_PLACE else sendbuf
+    try:
+        key = ("allreduce", recvbuf.size, recvbuf.dtype, resolve_op(op).name, algorithm,
+               None if src is None else src.dtype, checks)
+    except Exception:  # noqa: BLE001 - a bad op: the planned path says what is wrong
+        return False
+    return _replay(comm, key, recvbuf, src)
+
+
+def allgather(comm, sendbuf, recvbuf, algorithm: str, checks: str = "api") -> bool:
+    """Replay a blocking all-gather into equal, packed blocks (no counts, no displs)."""
+    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or not _pair(sendbuf, recvbuf):
+        return False
+    src = None if sendbuf is IN_PLACE else sendbuf
+    key = ("allgather", recvbuf.size, recvbuf.dtype, algorithm,
+           None if src is None else (src.size, src.dtype), checks)
+    return _replay(comm, key, recvbuf, src)
+
+
+def bcast(comm, buf, root, algorithm: str, checks: str = "api") -> bool:
+    """Replay a blocking broadcast (a writable buffer: a read-only root's is planned)."""
+    if type(buf) is not _ndarray or buf.ndim != 1 or type(root) is not int:
+        return False
+    flags = buf.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    return _replay(comm, ("bcast", buf.size, buf.dtype, root, algorithm, checks), buf, None)
+
+
+def _pair(sendbuf, recvbuf) -> bool:
+    """The checks of `checks.check_pair` that depend on the arrays themselves: recvbuf
+    writable and contiguous, sendbuf (unless IN_PLACE) contiguous and apart from it.
+    Their kinds (types, dtypes) were checked when the record was made. A bad one is
+    planned: the planned path's checks say what is wrong."""
+    flags = recvbuf.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    return sendbuf is IN_PLACE or (type(sendbuf) is _ndarray and sendbuf.ndim == 1
+                                   and sendbuf.flags.c_contiguous
+                                   and not np.may_share_memory(sendbuf, recvbuf))
+
+
+def _replay(comm, key: tuple, buf, src) -> bool:
+    """Run the record of `key` on this call's operands, with the call's slot and tag."""
+    st = state(comm)
+    found = st.schedules.get(key)
+    if found is None or found is PLANNED or debug_enabled() or default_timeout() is not None:
+        return False
+    slot = st.take()  # the call's number and tag, first of all (as `plan.Call`)
+    tag, rec = found.tag_base + slot, st.flight
+    entry = None if rec is None else rec.add(st.started - 1, found.signed, tag)
+    if entry is not None and rec.agreeing is not None:
+        rec.started()  # (a Split comm's id still being agreed on: its numbers go out)
+    v = [buf, src]  # the operands (`records`): buf, src, their parts, the record's values
+    if found.parts:
+        v += [v[which][start:stop] for which, start, stop in found.parts]
+    v += found.values
+    try:
+        for f, a, b, out in found.pre:
+            f(v[a], v[b], v[out])
+        for running, send, to, recv, source, reductions in found.steps:
+            if entry is not None:  # the round in flight, for a flight dump
+                entry[_RUNNING] = running
+            if to is None:  # not one send and one receive: `send` holds its messages
+                exchange(comm, [kind(v[i], peer) for kind, i, peer in send], tag)
+            else:  # one Sendrecv (`driver.exchange` spells it so)
+                comm.Sendrecv([v[send], _BYTE], to, tag, [v[recv], _BYTE], source, tag)
+            for f, a, b, out in reductions:
+                f(v[a], v[b], v[out])
+    except BaseException as e:
+        st.release(slot)
+        if entry is not None:
+            entry[_RUNNING] = None
+            flight.fail(entry, e)
+        raise
+    st.release(slot)
+    if entry is not None:
+        entry[_RUNNING] = _DONE
+    return True

@@ -1,0 +1,195 @@
+"""Records: a planned blocking call's schedule, noted once for `blocking` to replay.
+
+After a blocking call has been planned and run (`api`, `mpidp.Comm`), `record` runs its
+algorithm's generator again, dry: on stand-ins for the caller's buffers, its reductions
+done on zeros (`engine.replay.Recorder` logs them), nothing sent. Every array a round or
+a reduction names is noted as an operand of a call (`_Places`):
+
+    operands of a call  [buf, src, parts of them ..., the record's own values, reversed]
+    noted as            0    1    2, 3, ...            -1, -2, ... (its scratch, AVG's N)
+
+so that a replay binds a record to the caller's arrays with one list (`blocking`). Which
+calls are recorded, and which are noted as never to be (`PLANNED`), is `blocking`'s
+docstring's list of conditions; each collective's part of it is its ``_record_*``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..config import debug_enabled
+from .algorithms.ops import AVG
+from .algorithms.rounds import Send
+from .engine.completion import default_timeout
+from .engine.replay import Recorder
+from .mpiops import resolve_op
+from .placement import locate
+from .plan import Signed
+from .plans import IN_PLACE
+from .state import state
+
+REDUCE_BYTES = 65536  # an all-reduce's record keeps its scratch: recorded up to this size
+PLANNED = "planned"  # a signature noted not to be replayed
+_ndarray = np.ndarray
+
+
+class Schedule(NamedTuple):
+    """One signature's recorded run, its arrays as indices into a call's operands."""
+
+    pre: list  # reductions before the first round: (ufunc, a, b, out)
+    steps: list  # per round (`_Places.step`): how to exchange it, the reductions after it
+    parts: tuple  # (which, start, stop): operands 2, 3, ... are these parts of buf or src
+    values: tuple  # the record's own values (its scratch, AVG's N), last operand first
+    signed: Signed  # the signature, as a planned call's flight entry holds it
+    tag_base: int  # the tag of slot 0 (`state.CommState.tag`): a call's tag is this + slot
+
+
+def record(collective: str, comm, *args, checks: str = "api") -> None:
+    """After a planned blocking call: keep its signature's record if it is one to replay,
+    or note that it is not (`PLANNED`).
+
+    `args` are the call's: all-reduce (sendbuf, recvbuf, op, algorithm), all-gather
+    (sendbuf, recvbuf, algorithm), broadcast (buf, root, algorithm); `checks`: whose
+    checks of the kinds of arguments it passed, ``"api"`` or ``"mpi4py"`` (`mpidp.Comm`).
+    """
+    if debug_enabled() or default_timeout() is not None:  # nothing replays: keep nothing
+        return
+    made = _RECORD[collective](comm, *args, checks)
+    if made is None:  # not a call to replay, nor one to note
+        return
+    st = state(comm)
+    key, s, run_args, stand_ins, recorder, after = made
+    if s is None or key in st.schedules:  # (no setup: a first call that calibrated auto)
+        return
+    if (run_args is None or not s.algo.replayable or comm.Get_size() == 1
+            or (s.algo.replayable == "in place" and stand_ins[1] is not None)):
+        st.schedules.remember(key, PLANNED)
+        return
+    algo = s.algo.bound(locate(comm, st, collective, s.algo.name))  # (learned: the call's)
+    pre, rounds = [] if recorder is None else recorder.log, []
+    for count, round_ in enumerate(algo(*run_args)):
+        reductions = []  # those that follow this round
+        if recorder is not None:
+            recorder.log = reductions
+        rounds.append((count, round_, reductions))
+    rounds[-1][2].extend(after)  # what the call writes itself, after the last round
+    places = _Places(stand_ins)
+    pre = [places.reduction(r) for r in pre]
+    steps = [places.step(*r) for r in rounds]
+    st.schedules.remember(key, Schedule(pre, steps, tuple(places.parts),
+                                        tuple(reversed(places.values)), s.signed,
+                                        st.tag(0, s.signed.sig)))
+
+
+def _record_allreduce(comm, sendbuf, recvbuf, op, algorithm, checks):
+    """(key, setup, the generator's arguments on stand-ins, the stand-ins, the op's
+    `Recorder`, what the call writes itself after the rounds); no arguments where it is
+    planned; None where it is neither recorded nor noted."""
+    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or recvbuf.nbytes > REDUCE_BYTES:
+        return None
+    if sendbuf is not IN_PLACE and type(sendbuf) is not _ndarray:
+        return None
+    op = resolve_op(op)
+    key = ("allreduce", recvbuf.size, recvbuf.dtype, op.name, algorithm,
+           None if sendbuf is IN_PLACE else sendbuf.dtype, checks)
+    s = state(comm).setups.get(("allreduce", recvbuf.size, recvbuf.dtype, op.name, algorithm))
+    if s is None or recvbuf.size == 0 or op.exact or (op is AVG and recvbuf.dtype.kind == "f"
+                                                      and recvbuf.itemsize == 2):
+        return key, s, None, None, None, ()
+    buf = np.zeros_like(recvbuf)
+    src = None if sendbuf is IN_PLACE else np.zeros_like(recvbuf)
+    tmp = np.zeros(s.scratch, recvbuf.dtype)  # the record's own scratch, kept with it
+    recorder = Recorder(op, [])  # does the reductions (on zeros) and logs them
+    return key, s, (comm, buf, s.blocks, recorder, tmp, src), (buf, src), recorder, ()
+
+
+def _record_allgather(comm, sendbuf, recvbuf, algorithm, checks):
+    """As `_record_allreduce`: equal blocks, packed (no counts, no displs)."""
+    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1:
+        return None
+    if sendbuf is not IN_PLACE and (type(sendbuf) is not _ndarray or sendbuf.ndim != 1):
+        return None
+    send = None if sendbuf is IN_PLACE else sendbuf
+    key = ("allgather", recvbuf.size, recvbuf.dtype, algorithm,
+           None if send is None else (send.size, send.dtype), checks)
+    s = state(comm).setups.get(("allgather", None if send is None else send.size,
+                                recvbuf.size, None, None, recvbuf.dtype, algorithm))
+    if s is None or recvbuf.size == 0 or not s.blocks.packed or (send is not None
+                                                                   and not s.algo.takes_src):
+        return key, s, None, None, None, ()  # (the call path's own rounds around it: planned)
+    buf = np.zeros_like(recvbuf)
+    if send is None:
+        return key, s, (comm, buf, s.blocks), (buf, None), None, ()
+    src = np.zeros_like(send)  # sent from where it is, then copied to its place (`takes_src`)
+    mine = s.blocks.view(buf, comm.Get_rank())
+    return key, s, (comm, buf, s.blocks, src), (buf, src), None, [(_copy, src, None, mine)]
+
+
+def _record_bcast(comm, buf, root, algorithm, checks):
+    """As `_record_allreduce`: a writable buffer (a read-only root's runs on a copy)."""
+    if type(buf) is not _ndarray or buf.ndim != 1 or type(root) is not int:
+        return None
+    key = ("bcast", buf.size, buf.dtype, root, algorithm, checks)
+    s = state(comm).setups.get(("bcast", buf.size, buf.dtype, root, algorithm))
+    if buf.size == 0 or not buf.flags.writeable:
+        return key, s, None, None, None, ()
+    stand_in = np.zeros_like(buf)
+    return key, s, (comm, stand_in, root), (stand_in, None), None, ()
+
+
+_RECORD = {"allreduce": _record_allreduce, "allgather": _record_allgather,
+           "bcast": _record_bcast}
+
+
+def _copy(a, _, out) -> None:
+    out[...] = a
+
+
+class _Places:
+    """Notes each array of a dry run as an index into a call's operands (the docstring)."""
+
+    def __init__(self, stand_ins: tuple):
+        self.stand_ins, self.parts, self.values = stand_ins, [], []
+
+    def step(self, count: int, round_: list, reductions: list) -> tuple:
+        """A round as the replay runs it: (round number, its messages), which a flight
+        entry holds while it is in flight (it reads their peers); a send and a receive
+        as the operands and peers of one ``Sendrecv``, any other round as its messages
+        (kind, operand, peer) and Nones; then the reductions that follow it."""
+        running = (count, [type(m)(np.empty(0, np.uint8), m.peer) for m in round_])
+        reductions = [self.reduction(r) for r in reductions]
+        if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
+            send, recv = round_ if type(round_[0]) is Send else round_[::-1]
+            return (running, self.index(send.buf), send.peer, self.index(recv.buf),
+                    recv.peer, reductions)
+        messages = [(type(m), self.index(m.buf), m.peer) for m in round_]
+        return running, messages, None, None, None, reductions
+
+    def reduction(self, logged: tuple) -> tuple:
+        f, a, b, out = logged
+        return f, self.index(a), self.index(b), self.index(out)
+
+    def index(self, x) -> int:
+        """0 or 1: all of buf or src; 2, 3, ...: a part of one; -1, -2, ...: a value of the
+        record's own (its scratch, or a number), which the record keeps."""
+        if isinstance(x, _ndarray) and x.size:
+            at = x.__array_interface__["data"][0]
+            for which, base in enumerate(self.stand_ins):
+                start = None if base is None else base.__array_interface__["data"][0]
+                if start is not None and start <= at < start + base.nbytes:
+                    first = (at - start) // base.itemsize
+                    if first == 0 and x.size == base.size:
+                        return which
+                    return 2 + _found(self.parts, (which, first, first + x.size))
+        return -1 - _found(self.values, x)
+
+
+def _found(kept: list, x) -> int:
+    """Where `x` is in `kept` (the same object, or an equal part), appended if nowhere."""
+    for i, y in enumerate(kept):
+        if y is x or (type(x) is tuple and y == x):
+            return i
+    kept.append(x)
+    return len(kept) - 1
