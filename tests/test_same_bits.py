@@ -136,6 +136,36 @@ def test_replayed_persistent_allreduce_keeps_the_order(mpi_ranks):
     on_each_size((2, 5, 8), check)
 
 
+def blocking_replays_keep_the_order(comm) -> list[str]:
+    """A blocking all-reduce like an earlier one replays its record (`blocking`): the bits of
+    the planned call (an explicit tag is planned), on every rank, in and out of place."""
+    cost.set_model(comm, *cost.DEFAULT)
+    bad = []
+    for algorithm, op, count, in_place in itertools.product(
+            ALGORITHMS["allreduce"], ("sum", "max", "avg"), (1, 7, 37), (False, True)):
+        x = tricky("float64", count, comm.Get_rank())
+        send = mpidp.IN_PLACE if in_place else x
+        planned = x.copy()
+        mpidp.allreduce(comm, send, planned, op=op, algorithm=algorithm, tag=7)
+        for call in range(3):  # the first planned and recorded, the others replayed
+            y = x.copy()
+            mpidp.allreduce(comm, send, y, op=op, algorithm=algorithm)
+            rows = gathered(comm, y)
+            if not (rows == rows[0]).all() or y.tobytes() != planned.tobytes():
+                bad.append(f"N={comm.Get_size()}: {algorithm} {op} {count} in place "
+                           f"{in_place} call {call}")
+    return bad
+
+
+@pytest.mark.mpi(ranks=[8], timeout=240)
+def test_replayed_blocking_allreduce_keeps_the_order(mpi_ranks, no_debug_check):
+    def check(comm):
+        bad = blocking_replays_keep_the_order(comm)
+        assert not bad, bad
+
+    on_each_size((2, 3, 5, 8), check)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS["allreduce"][:-1])
 def test_simulated_allreduce_gives_every_rank_the_same_bits(algorithm):
     """N = 2..64; the placement-aware ones on one host and on several (2, 3 or 4 ranks a

@@ -109,7 +109,10 @@ def _pair(sendbuf, recvbuf) -> bool:
 def _replay(comm, key: tuple, buf, src) -> bool:
     """Run the record of `key` on this call's operands, with the call's slot and tag."""
     st = state(comm)
-    found = st.schedules.get(key)
+    try:
+        found = st.schedules.get(key)
+    except TypeError:  # an unhashable argument (algorithm=["ring"]): planned, and refused
+        return False
     if found is None or found is PLANNED or debug_enabled() or default_timeout() is not None:
         return False
     slot = st.take()  # the call's number and tag, first of all (as `plan.Call`)
