@@ -641,10 +641,11 @@ def test_the_page_builders_live_outside_the_package_and_the_makefile_runs_them()
 
 
 @pytest.mark.mpi(ranks=[2], timeout=120)
-def test_the_flight_bench_counts_the_recorders_opcodes_and_a_persistent_start(mpi_ranks,
-                                                                              capsys):
+def test_the_flight_bench_counts_the_recorders_opcodes_and_a_persistent_start(
+        mpi_ranks, capsys, no_debug_check):
     """`python -m mpidp.bench.flight --opcodes`: the recorder's share of a call (on - off,
-    by function, `Recorder.add` among them) and a replayed persistent start's count."""
+    by function, `Recorder.add` among them), the call replayed against planned (its
+    schedule set aside), and a replayed persistent start's count."""
     from mpidp.bench import flight as flight_bench
 
     assert flight_bench.main(["--opcodes", "--calls", "20"]) == 0
@@ -655,6 +656,9 @@ def test_the_flight_bench_counts_the_recorders_opcodes_and_a_persistent_start(mp
         on, off, diff = map(int, share.groups())
         assert on > off > 0 and diff == on - off, out
         assert "recorder.py:Recorder.add" in out and "replay.py:Replay._next" in out, out
+        planned = re.search(r"the same call replayed, .* planned every time: (\d+) opcodes", out)
+        assert planned and int(planned.group(1)) > 2 * on, out  # (about 1,170 against 450)
+        assert "blocking.py:_replay" in out, out
         assert re.search(r"replayed Start \+ Wait .*: (\d+) opcodes", out), out
 
 

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import mpidp
 from mpidp import flight
-from mpidp.collectives import blocking, checks, records, state
+from mpidp.collectives import blocking, checks, schedules, state
 from mpidp.collectives.cost import set_model
 
 CALLS = 3  # the first is planned and recorded, the others replay
@@ -70,7 +70,7 @@ def check_allreduce(comm) -> None:
     n = comm.Get_size()
     cases = [("sum", "int64"), ("max", "int32"), ("prod", "float64"), ("avg", "float32"),
              ("sum", "float16"), ("avg", "float16")]
-    limit = records.REDUCE_BYTES // 8
+    limit = schedules.REDUCE_BYTES // 8
     for op, dtype in cases:
         for count in counts_for(n) + ([limit, limit + 1] if dtype == "int64" else []):
             for algorithm in ALLREDUCE:
@@ -233,7 +233,7 @@ def test_a_replayed_call_is_in_the_flight_record_and_fails_as_a_planned_one(mpi_
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)
-def test_records_are_forgotten_with_the_cost_model_and_not_taken_under_debug(
+def test_schedules_are_forgotten_with_the_cost_model_and_not_taken_under_debug(
         mpi_ranks, no_debug_check):
     comm = MPI.COMM_WORLD
     st = state.state(comm)
@@ -253,3 +253,22 @@ def test_records_are_forgotten_with_the_cost_model_and_not_taken_under_debug(
     finally:
         checks.set_debug(False)  # (as `no_debug_check` left it)
     assert np.array_equal(y, np.full(4, 2, np.int32))
+
+
+@pytest.mark.mpi(ranks=[4], timeout=60)
+def test_a_comm_like_is_planned_with_its_own_placement(mpi_ranks, no_debug_check):
+    """A comm-like object (its own placement, messages it counts) never replays, not even a
+    record made on the communicator it wraps: rabenseifner on two hosts sends other
+    messages than on one."""
+    comm = MPI.COMM_WORLD
+    x, y = np.arange(64, dtype=np.float64), np.empty(64, np.float64)
+    for _ in range(CALLS):
+        mpidp.allreduce(comm, x, y, algorithm="rabenseifner")
+    assert replayed(comm, ("allreduce", 64, x.dtype, "sum", "rabenseifner", x.dtype, "api"))
+    two_hosts = mpidp.CountingComm(comm, placement=(0, 0, 1, 1))
+    for _ in range(CALLS):
+        assert not blocking.allreduce(two_hosts, x, y, MPI.SUM, "rabenseifner")
+        two_hosts.reset()
+        mpidp.allreduce(two_hosts, x, y, algorithm="rabenseifner")
+        assert two_hosts.messages_sent > 0  # planned, through it
+        assert np.array_equal(y, 4 * x)

@@ -17,8 +17,9 @@ count the machine's load does not move (docs/benchmarks-notes.md).
     mpiexec -n 2 python -m mpidp.bench.flight --opcodes [--calls 200]
 
 counts the bytecodes one call executes on rank 0 (`sys.settrace` with opcode events),
-recorder on and off, and a persistent one's replayed start and wait, and prints them per
-function: a second count no load moves.
+recorder on and off, the same call planned (its schedule set aside: `blocking`), and a
+persistent one's replayed start and wait, and prints them per function: a second count
+no load moves.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from mpi4py import MPI
 
 from .. import cli
 from .. import collectives as mp
+from ..collectives.schedules import PLANNED, Schedule
 from ..collectives.state import state
 
 # The timed loop is compiled as a program's own code (its file is not under mpidp/), as
@@ -83,6 +85,10 @@ def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
     st.flight = None
     off = opcodes(per_call, comm, x, calls)
     st.flight = recorder
+    kept = dict(st.schedules)  # the call's schedule set aside: it is planned (`blocking`)
+    st.schedules.update(dict.fromkeys(kept, PLANNED))
+    planned = opcodes(per_call, comm, x, calls)
+    st.schedules.update(kept)
     req = mp.allreduce_init(comm, x, np.empty_like(x))  # (out of place, auto)
     starts(req, 50)  # the first start recorded, the others replayed
     persistent = opcodes(starts, req, calls)
@@ -97,6 +103,13 @@ def _print_opcodes(comm, x, calls: int, st, recorder) -> None:
         d = (on[name] - off[name]) / calls
         if abs(d) >= 0.5:
             print(f"  {d:+6.1f}  {name}")
+    replayed = any(isinstance(v, Schedule) for v in kept.values())
+    print(f"the same call {'replayed' if replayed else 'planned (nothing replays here)'}, "
+          f"recorder on, by function; planned every time: "
+          f"{sum(planned.values()) / calls:.0f} opcodes")
+    for name, n in on.most_common():
+        if n / calls >= 0.5:
+            print(f"  {n / calls:6.1f}  {name}")
     print(f"a persistent one's replayed Start + Wait (out of place, auto), recorder on: "
           f"{sum(persistent.values()) / calls:.0f} opcodes, by function:")
     for name, n in persistent.most_common():

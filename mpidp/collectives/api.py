@@ -8,6 +8,8 @@ and the same for reduce-scatter, all-gather and broadcast, and the exact sums of
 parts. Each is one line: `plan.planned` makes the collective's plan (`plans`,
 `exact`: the checks, the algorithm, the buffers, the tag), then the plan runs
 (`Plan.run`), starts (`Plan.start`) or is kept for many starts (`Persistent`).
+The blocking all-reduce, all-gather and broadcast first ask `blocking` to replay a
+record of the same call, and have one made after a call they planned (`schedules`).
 `mpidp.Comm` makes the same plans from mpi4py's buffer specs (`dropin`).
 
 Arguments are NumPy or CuPy arrays; ``sendbuf=IN_PLACE`` means the input is in

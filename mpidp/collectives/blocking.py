@@ -9,14 +9,14 @@ which buffer go to which peer in which round, and which reductions follow. So th
 first call of a signature is planned, as every call was, and then recorded: its
 generator runs again, dry, on stand-ins for the caller's buffers, and every array it
 names is noted as an operand of a call: all of a caller's buffer, a part of one, or
-a value the record keeps (`records`). Every later call replays the record on its own
+a value the record keeps (`schedules`). Every later call replays the record on its own
 buffers:
 
     first call of a signature (planned)       every later call (replayed here)
     -----------------------------------       ---------------------------------
     the call path: slot, checks, setup, tag   slot, the arrays' checks, tag
     the generator on the caller's buffers     the operands: [buf, src, parts, values]
-    then `records.record`: the generator      per round: its Sendrecv (or exchange)
+    then `schedules.record`: the generator      per round: its Sendrecv (or exchange)
     run dry on stand-ins, its rounds and      of operands, then the reductions noted
     reductions noted as operands              after it
 
@@ -27,13 +27,14 @@ agree on which. Where a call's own work raises (a reduction), its slot goes back
 its flight entry says why, as a planned call's.
 
 Replayed only where every condition holds (else the call is planned, as any other):
-1-D NumPy arrays; a registered algorithm that writes only by receives and its op
-(`Algorithm.replayable`) and runs on the caller's buffers as they are (an all-gather
+an MPI communicator (a comm-like object, `CountingComm` say, may carry a placement of
+its own); 1-D NumPy arrays; a registered algorithm that writes only by receives and its
+op (`Algorithm.replayable`) and runs on the caller's buffers as they are (an all-gather
 into equal blocks, in place or from a sendbuf it `takes_src`); a plain op (no exact
-sum, no float16 average) and at most `records.REDUCE_BYTES` for an all-reduce, whose
+sum, no float16 average) and at most `schedules.REDUCE_BYTES` for an all-reduce, whose
 scratch the record keeps; more than one rank; and neither ``MPIDP_DEBUG`` (its agreement
 check is the planned path's) nor ``MPIDP_TIMEOUT`` (a deadline is the `Request`'s).
-The records are kept per communicator (`CommState.schedules`, at most
+The schedules are kept per communicator (`CommState.schedules`, at most
 `state.SCHEDULES`) and forgotten with its cost model, as ``auto``'s picks may change.
 """
 
@@ -48,10 +49,10 @@ from .engine.completion import default_timeout
 from .engine.driver import exchange
 from .mpiops import resolve_op
 from .plans import IN_PLACE
-from .records import PLANNED, Schedule, record  # noqa: F401 (blocking.record: api's)
+from .schedules import PLANNED, Schedule, record  # noqa: F401 (blocking.record: api's)
 from .state import state
 
-_ndarray, _BYTE = np.ndarray, MPI.BYTE
+_ndarray, _BYTE, _Comm = np.ndarray, MPI.BYTE, MPI.Comm
 _RUNNING, _DONE = flight.RUNNING, flight.DONE
 
 
@@ -108,6 +109,8 @@ def _pair(sendbuf, recvbuf) -> bool:
 
 def _replay(comm, key: tuple, buf, src) -> bool:
     """Run the record of `key` on this call's operands, with the call's slot and tag."""
+    if not isinstance(comm, _Comm):  # a comm-like (its own placement, its own messages)
+        return False
     st = state(comm)
     try:
         found = st.schedules.get(key)
@@ -120,7 +123,7 @@ def _replay(comm, key: tuple, buf, src) -> bool:
     entry = None if rec is None else rec.add(st.started - 1, found.signed, tag)
     if entry is not None and rec.agreeing is not None:
         rec.started()  # (a Split comm's id still being agreed on: its numbers go out)
-    v = [buf, src]  # the operands (`records`): buf, src, their parts, the record's values
+    v = [buf, src]  # the operands (`schedules`): buf, src, their parts, the record's values
     if found.parts:
         v += [v[which][start:stop] for which, start, stop in found.parts]
     v += found.values

@@ -54,7 +54,7 @@ SLOTS = 4096  # collectives in flight at once on one communicator, where the tag
 MAX_SIGS = 1 << 16
 MIN_SIGS = 16  # under a narrow tag bound, fewer slots rather than fewer signatures than this
 STANDARD_TAG_UB = 32767  # the smallest tag bound the MPI standard allows
-SCHEDULES = 64  # blocking calls' records kept per communicator (`blocking`: <= 64 KiB each)
+SCHEDULES = 64  # blocking calls' schedules kept per communicator (<= 64 KiB each)
 
 
 class CommState:
@@ -66,7 +66,7 @@ class CommState:
         self.choices = Bounded()  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (placement.placement)
         self.setups = Bounded()  # call signature -> what it determines (`plan.Call.setup`)
-        self.schedules = Bounded(limit=SCHEDULES)  # blocking calls' records (`blocking`)
+        self.schedules = Bounded(limit=SCHEDULES)  # blocking calls' schedules (`blocking`)
         self.flight = None  # the last collectives (`mpidp.flight`), set where it is found
         room = tag_ub - TAG_BASE + 1  # tags from TAG_BASE to tag_ub
         self.slots = SLOTS

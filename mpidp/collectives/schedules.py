@@ -1,4 +1,4 @@
-"""Records: a planned blocking call's schedule, noted once for `blocking` to replay.
+"""Schedules: a planned blocking call's rounds and reductions, noted once for `blocking`.
 
 After a blocking call has been planned and run (`api`, `mpidp.Comm`), `record` runs its
 algorithm's generator again, dry: on stand-ins for the caller's buffers, its reductions
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from mpi4py import MPI
 
 from ..config import debug_enabled
 from .algorithms.ops import AVG
@@ -54,8 +55,8 @@ def record(collective: str, comm, *args, checks: str = "api") -> None:
     (sendbuf, recvbuf, algorithm), broadcast (buf, root, algorithm); `checks`: whose
     checks of the kinds of arguments it passed, ``"api"`` or ``"mpi4py"`` (`mpidp.Comm`).
     """
-    if debug_enabled() or default_timeout() is not None:  # nothing replays: keep nothing
-        return
+    if debug_enabled() or default_timeout() is not None or not isinstance(comm, MPI.Comm):
+        return  # (nothing replays there: `blocking`'s conditions)
     made = _RECORD[collective](comm, *args, checks)
     if made is None:  # not a call to replay, nor one to note
         return
