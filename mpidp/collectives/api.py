@@ -54,9 +54,10 @@ def allreduce(comm, sendbuf, recvbuf, op=MPI.SUM, algorithm: str = "auto", **kw)
     Keywords: ``tag`` (your own, below ``TAG_BASE``), ``debug`` (check that ranks agree).
     A call like an earlier one replays its recorded schedule (`blocking`).
     """
-    if kw or not blocking.allreduce(comm, sendbuf, recvbuf, op, algorithm):
+    replayed = False if kw else blocking.allreduce(comm, sendbuf, recvbuf, op, algorithm)
+    if not replayed:
         planned(plan_allreduce, comm, sendbuf, recvbuf, op, algorithm, **kw).run()
-        if not kw:
+        if replayed is None:  # no record of this call yet: one is made now
             blocking.record("allreduce", comm, sendbuf, recvbuf, op, algorithm)
 
 
@@ -110,10 +111,11 @@ def allgather(comm, sendbuf, recvbuf, recvcounts=None, displs=None,
     """All-gather; see `plans.plan_allgather`. Equal blocks (no counts, no displs): a call
     like an earlier one replays its recorded schedule (`blocking`)."""
     plain = not kw and recvcounts is None and displs is None
-    if not (plain and blocking.allgather(comm, sendbuf, recvbuf, algorithm)):
+    replayed = plain and blocking.allgather(comm, sendbuf, recvbuf, algorithm)
+    if not replayed:
         planned(plan_allgather, comm, sendbuf, recvbuf, recvcounts, displs, algorithm,
                 **kw).run()
-        if plain:
+        if replayed is None:
             blocking.record("allgather", comm, sendbuf, recvbuf, algorithm)
 
 
@@ -143,9 +145,10 @@ def allgatherv_init(comm, sendbuf, recvbuf, recvcounts, displs=None, algorithm: 
 def bcast(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> None:
     """Broadcast `buf` from `root`; a call like an earlier one replays its recorded
     schedule (`blocking`)."""
-    if kw or not blocking.bcast(comm, buf, root, algorithm):
+    replayed = False if kw else blocking.bcast(comm, buf, root, algorithm)
+    if not replayed:
         planned(plan_bcast, comm, buf, root, algorithm, **kw).run()
-        if not kw:
+        if replayed is None:
             blocking.record("bcast", comm, buf, root, algorithm)
 
 

@@ -47,83 +47,85 @@ from .. import flight
 from ..config import debug_enabled
 from .engine.completion import default_timeout
 from .engine.driver import exchange
-from .mpiops import resolve_op
 from .plans import IN_PLACE
-from .schedules import PLANNED, Schedule, record  # noqa: F401 (blocking.record: api's)
+from .schedules import (  # noqa: F401 (blocking.record: api's; Schedule: the tests')
+    PLANNED,
+    Schedule,
+    allgather_key,
+    allreduce_key,
+    bcast_key,
+    record,
+)
 from .state import state
 
-_ndarray, _BYTE, _Comm = np.ndarray, MPI.BYTE, MPI.Comm
+_BYTE, _Comm = MPI.BYTE, MPI.Comm
 _RUNNING, _DONE = flight.RUNNING, flight.DONE
 
 
-def allreduce(comm, sendbuf, recvbuf, op, algorithm: str, checks: str = "api") -> bool:
-    """Replay a blocking all-reduce; False (nothing done, no slot taken) where no record
-    is kept or the call is not one to replay.
+def allreduce(comm, sendbuf, recvbuf, op, algorithm: str, checks: str = "api") -> bool | None:
+    """Replay a blocking all-reduce: True if it ran; else nothing is done (no slot taken)
+    and the call is to be planned, then recorded (`record`) where the answer is None (no
+    record is kept for it yet), not where it is False (not one to replay, or noted so).
 
     `checks`: whose checks of the kinds of arguments the recorded call passed, ``"api"``
     (`mpidp.allreduce`) or ``"mpi4py"`` (`mpidp.Comm.Allreduce`, whose rules differ).
     """
-    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or not _pair(sendbuf, recvbuf):
+    if not isinstance(comm, _Comm):  # a comm-like may carry a placement of its own
         return False
-    src = None if sendbuf is IN_PLACE else sendbuf
-    try:
-        key = ("allreduce", recvbuf.size, recvbuf.dtype, resolve_op(op).name, algorithm,
-               None if src is None else src.dtype, checks)
-    except Exception:  # noqa: BLE001 - a bad op: the planned path says what is wrong
-        return False
-    return _replay(comm, key, recvbuf, src)
+    return _replay(comm, allreduce_key(sendbuf, recvbuf, op, algorithm, checks), recvbuf,
+                   sendbuf)
 
 
-def allgather(comm, sendbuf, recvbuf, algorithm: str, checks: str = "api") -> bool:
+def allgather(comm, sendbuf, recvbuf, algorithm: str, checks: str = "api") -> bool | None:
     """Replay a blocking all-gather into equal, packed blocks (no counts, no displs)."""
-    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or not _pair(sendbuf, recvbuf):
+    if not isinstance(comm, _Comm):
         return False
-    src = None if sendbuf is IN_PLACE else sendbuf
-    key = ("allgather", recvbuf.size, recvbuf.dtype, algorithm,
-           None if src is None else (src.size, src.dtype), checks)
-    return _replay(comm, key, recvbuf, src)
+    return _replay(comm, allgather_key(sendbuf, recvbuf, algorithm, checks), recvbuf, sendbuf)
 
 
-def bcast(comm, buf, root, algorithm: str, checks: str = "api") -> bool:
-    """Replay a blocking broadcast (a writable buffer: a read-only root's is planned)."""
-    if type(buf) is not _ndarray or buf.ndim != 1 or type(root) is not int:
+def bcast(comm, buf, root, algorithm: str, checks: str = "api") -> bool | None:
+    """Replay a blocking broadcast (its buffer checked as an in-place recvbuf: writable, so
+    a read-only root's, which runs on a copy, is planned)."""
+    if not isinstance(comm, _Comm):
         return False
-    flags = buf.flags
-    if not (flags.c_contiguous and flags.writeable):
-        return False
-    return _replay(comm, ("bcast", buf.size, buf.dtype, root, algorithm, checks), buf, None)
+    return _replay(comm, bcast_key(buf, root, algorithm, checks), buf, IN_PLACE)
 
 
 def _pair(sendbuf, recvbuf) -> bool:
     """The checks of `checks.check_pair` that depend on the arrays themselves: recvbuf
     writable and contiguous, sendbuf (unless IN_PLACE) contiguous and apart from it.
-    Their kinds (types, dtypes) were checked when the record was made. A bad one is
+    Their kinds (types, dtypes, 1-D) and sizes are in the record's key. A bad one is
     planned: the planned path's checks say what is wrong."""
     flags = recvbuf.flags
     if not (flags.c_contiguous and flags.writeable):
         return False
-    return sendbuf is IN_PLACE or (type(sendbuf) is _ndarray and sendbuf.ndim == 1
-                                   and sendbuf.flags.c_contiguous
+    return sendbuf is IN_PLACE or (sendbuf.flags.c_contiguous
                                    and not np.may_share_memory(sendbuf, recvbuf))
 
 
-def _replay(comm, key: tuple, buf, src) -> bool:
-    """Run the record of `key` on this call's operands, with the call's slot and tag."""
-    if not isinstance(comm, _Comm):  # a comm-like (its own placement, its own messages)
+def _replay(comm, key: tuple | None, buf, src) -> bool | None:
+    """Run the schedule recorded for `key` on this call's arrays, with the call's slot and
+    tag: True. None where none is recorded yet; False where the call is not one to
+    replay (now: a bad array, MPIDP_DEBUG, MPIDP_TIMEOUT; or ever: `PLANNED`)."""
+    if key is None:
         return False
     st = state(comm)
     try:
         found = st.schedules.get(key)
     except TypeError:  # an unhashable argument (algorithm=["ring"]): planned, and refused
         return False
-    if found is None or found is PLANNED or debug_enabled() or default_timeout() is not None:
+    if found is None:
+        return None
+    if (found is PLANNED or debug_enabled() or default_timeout() is not None
+            or not _pair(src, buf)):
         return False
     slot = st.take()  # the call's number and tag, first of all (as `plan.Call`)
     tag, rec = found.tag_base + slot, st.flight
     entry = None if rec is None else rec.add(st.started - 1, found.signed, tag)
     if entry is not None and rec.agreeing is not None:
         rec.started()  # (a Split comm's id still being agreed on: its numbers go out)
-    v = [buf, src]  # the operands (`schedules`): buf, src, their parts, the record's values
+    # the operands (`schedules`): buf, src, their parts, the record's own values
+    v = [buf, None if src is IN_PLACE else src]
     if found.parts:
         v += [v[which][start:stop] for which, start, stop in found.parts]
     v += found.values

@@ -31,7 +31,7 @@ from .plan import Signed
 from .plans import IN_PLACE
 from .state import state
 
-REDUCE_BYTES = 65536  # an all-reduce's record keeps its scratch: recorded up to this size
+REDUCE_BYTES = 16384  # an all-reduce's record keeps its scratch: recorded up to this size
 PLANNED = "planned"  # a signature noted not to be replayed
 _ndarray = np.ndarray
 
@@ -57,17 +57,19 @@ def record(collective: str, comm, *args, checks: str = "api") -> None:
     """
     if debug_enabled() or default_timeout() is not None or not isinstance(comm, MPI.Comm):
         return  # (nothing replays there: `blocking`'s conditions)
-    made = _RECORD[collective](comm, *args, checks)
-    if made is None:  # not a call to replay, nor one to note
-        return
+    key = KEYS[collective](*args, checks)
     st = state(comm)
-    key, s, run_args, stand_ins, recorder, after = made
-    if s is None or key in st.schedules:  # (no setup: a first call that calibrated auto)
+    if key is None or key in st.schedules:  # not a call to record, or recorded (or noted)
         return
-    if (run_args is None or not s.algo.replayable or comm.Get_size() == 1
-            or (s.algo.replayable == "in place" and stand_ins[1] is not None)):
+    s = st.setups.get(_SETUP[collective](key))  # what the planned call set up
+    if s is None:  # (a first call that calibrated auto: it set up anew, in the old setups)
+        return
+    made = _RECORD[collective](comm, s, *args)
+    if (made is None or not s.algo.replayable or comm.Get_size() == 1
+            or (s.algo.replayable == "in place" and made[1][1] is not None)):
         st.schedules.remember(key, PLANNED)
         return
+    run_args, stand_ins, recorder, after = made
     algo = s.algo.bound(locate(comm, st, collective, s.algo.name))  # (learned: the call's)
     pre, rounds = [] if recorder is None else recorder.log, []
     for count, round_ in enumerate(algo(*run_args)):
@@ -84,60 +86,84 @@ def record(collective: str, comm, *args, checks: str = "api") -> None:
                                         st.tag(0, s.signed.sig)))
 
 
-def _record_allreduce(comm, sendbuf, recvbuf, op, algorithm, checks):
-    """(key, setup, the generator's arguments on stand-ins, the stand-ins, the op's
-    `Recorder`, what the call writes itself after the rounds); no arguments where it is
-    planned; None where it is neither recorded nor noted."""
+# ------------------------------------------------------------ each collective's part
+
+def allreduce_key(sendbuf, recvbuf, op, algorithm, checks: str) -> tuple | None:
+    """An all-reduce's key among the schedules; None where it is not one to record (not
+    1-D NumPy arrays of one size, over `REDUCE_BYTES`, an op that is none)."""
     if type(recvbuf) is not _ndarray or recvbuf.ndim != 1 or recvbuf.nbytes > REDUCE_BYTES:
         return None
-    if sendbuf is not IN_PLACE and type(sendbuf) is not _ndarray:
+    if sendbuf is IN_PLACE:
+        sent = None
+    elif type(sendbuf) is _ndarray and sendbuf.ndim == 1 and sendbuf.size == recvbuf.size:
+        sent = sendbuf.dtype
+    else:
         return None
+    try:
+        name = resolve_op(op).name
+    except Exception:  # noqa: BLE001 - not an op: the planned call says what is wrong
+        return None
+    return "allreduce", recvbuf.size, recvbuf.dtype, name, algorithm, sent, checks
+
+
+def allgather_key(sendbuf, recvbuf, algorithm, checks: str) -> tuple | None:
+    """An all-gather's key: equal blocks, packed (counts and displs are planned)."""
+    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1:
+        return None
+    if sendbuf is IN_PLACE:
+        sent = None
+    elif type(sendbuf) is _ndarray and sendbuf.ndim == 1:
+        sent = sendbuf.size, sendbuf.dtype
+    else:
+        return None
+    return "allgather", recvbuf.size, recvbuf.dtype, algorithm, sent, checks
+
+
+def bcast_key(buf, root, algorithm, checks: str) -> tuple | None:
+    """A broadcast's key."""
+    if type(buf) is not _ndarray or buf.ndim != 1 or type(root) is not int:
+        return None
+    return "bcast", buf.size, buf.dtype, root, algorithm, checks
+
+
+KEYS = {"allreduce": allreduce_key, "allgather": allgather_key, "bcast": bcast_key}
+_SETUP = {  # a key's setup key (`plan.Call.setup`, as `plans` makes them)
+    "allreduce": lambda k: k[:5],
+    "allgather": lambda k: ("allgather", k[4] and k[4][0], k[1], None, None, k[2], k[3]),
+    "bcast": lambda k: k[:5]}
+
+
+def _record_allreduce(comm, s, sendbuf, recvbuf, op, algorithm):
+    """(the generator's arguments on stand-ins, the stand-ins, the op's `Recorder`, what
+    the call writes itself after the rounds), or None where the call is planned."""
     op = resolve_op(op)
-    key = ("allreduce", recvbuf.size, recvbuf.dtype, op.name, algorithm,
-           None if sendbuf is IN_PLACE else sendbuf.dtype, checks)
-    s = state(comm).setups.get(("allreduce", recvbuf.size, recvbuf.dtype, op.name, algorithm))
-    if s is None or recvbuf.size == 0 or op.exact or (op is AVG and recvbuf.dtype.kind == "f"
-                                                      and recvbuf.itemsize == 2):
-        return key, s, None, None, None, ()
+    if recvbuf.size == 0 or op.exact or (op is AVG and recvbuf.dtype.kind == "f"
+                                         and recvbuf.itemsize == 2):
+        return None  # (the call path's own rounds: the exact passes, the float32 mean)
     buf = np.zeros_like(recvbuf)
     src = None if sendbuf is IN_PLACE else np.zeros_like(recvbuf)
     tmp = np.zeros(s.scratch, recvbuf.dtype)  # the record's own scratch, kept with it
     recorder = Recorder(op, [])  # does the reductions (on zeros) and logs them
-    return key, s, (comm, buf, s.blocks, recorder, tmp, src), (buf, src), recorder, ()
+    return (comm, buf, s.blocks, recorder, tmp, src), (buf, src), recorder, ()
 
 
-def _record_allgather(comm, sendbuf, recvbuf, algorithm, checks):
-    """As `_record_allreduce`: equal blocks, packed (no counts, no displs)."""
-    if type(recvbuf) is not _ndarray or recvbuf.ndim != 1:
-        return None
-    if sendbuf is not IN_PLACE and (type(sendbuf) is not _ndarray or sendbuf.ndim != 1):
-        return None
-    send = None if sendbuf is IN_PLACE else sendbuf
-    key = ("allgather", recvbuf.size, recvbuf.dtype, algorithm,
-           None if send is None else (send.size, send.dtype), checks)
-    s = state(comm).setups.get(("allgather", None if send is None else send.size,
-                                recvbuf.size, None, None, recvbuf.dtype, algorithm))
-    if s is None or recvbuf.size == 0 or not s.blocks.packed or (send is not None
-                                                                   and not s.algo.takes_src):
-        return key, s, None, None, None, ()  # (the call path's own rounds around it: planned)
+def _record_allgather(comm, s, sendbuf, recvbuf, algorithm):
+    if recvbuf.size == 0 or not s.blocks.packed or (sendbuf is not IN_PLACE
+                                                    and not s.algo.takes_src):
+        return None  # (the call path's own rounds around it: packing, a copy first)
     buf = np.zeros_like(recvbuf)
-    if send is None:
-        return key, s, (comm, buf, s.blocks), (buf, None), None, ()
-    src = np.zeros_like(send)  # sent from where it is, then copied to its place (`takes_src`)
+    if sendbuf is IN_PLACE:
+        return (comm, buf, s.blocks), (buf, None), None, ()
+    src = np.zeros_like(sendbuf)  # sent from where it is, then copied to its place
     mine = s.blocks.view(buf, comm.Get_rank())
-    return key, s, (comm, buf, s.blocks, src), (buf, src), None, [(_copy, src, None, mine)]
+    return (comm, buf, s.blocks, src), (buf, src), None, [(_copy, src, None, mine)]
 
 
-def _record_bcast(comm, buf, root, algorithm, checks):
-    """As `_record_allreduce`: a writable buffer (a read-only root's runs on a copy)."""
-    if type(buf) is not _ndarray or buf.ndim != 1 or type(root) is not int:
+def _record_bcast(comm, s, buf, root, algorithm):
+    if buf.size == 0 or not buf.flags.writeable:  # (a read-only root's runs on a copy)
         return None
-    key = ("bcast", buf.size, buf.dtype, root, algorithm, checks)
-    s = state(comm).setups.get(("bcast", buf.size, buf.dtype, root, algorithm))
-    if buf.size == 0 or not buf.flags.writeable:
-        return key, s, None, None, None, ()
     stand_in = np.zeros_like(buf)
-    return key, s, (comm, stand_in, root), (stand_in, None), None, ()
+    return (comm, stand_in, root), (stand_in, None), None, ()
 
 
 _RECORD = {"allreduce": _record_allreduce, "allgather": _record_allgather,

@@ -54,7 +54,7 @@ SLOTS = 4096  # collectives in flight at once on one communicator, where the tag
 MAX_SIGS = 1 << 16
 MIN_SIGS = 16  # under a narrow tag bound, fewer slots rather than fewer signatures than this
 STANDARD_TAG_UB = 32767  # the smallest tag bound the MPI standard allows
-SCHEDULES = 64  # blocking calls' schedules kept per communicator (<= 64 KiB each)
+SCHEDULES = 1024  # blocking calls' schedules kept per communicator (each holds <= 16 KiB)
 
 
 class CommState:

@@ -188,9 +188,11 @@ class Comm:
         earlier one (`blocking`, with mpi4py's checks), else planned, then recorded."""
         *args, algorithm = args
         args = (*args, self._algorithm_for(collective, algorithm))
-        if self.debug or not getattr(blocking, collective)(self.comm, *args, "mpi4py"):
+        replayed = False if self.debug else getattr(blocking, collective)(self.comm, *args,
+                                                                          "mpi4py")
+        if not replayed:
             self._call(parse, self, *args).run()
-            if not self.debug:
+            if replayed is None:  # no record of this call yet: one is made now
                 blocking.record(collective, self.comm, *args, checks="mpi4py")
 
     def _plan(self, call, plan, collective: str, algorithm, *args, **kwargs):
