@@ -16,7 +16,7 @@ buffers:
     -----------------------------------       ---------------------------------
     the call path: slot, checks, setup, tag   slot, the arrays' checks, tag
     the generator on the caller's buffers     the operands: [buf, src, parts, values]
-    then `schedules.record`: the generator      per round: its Sendrecv (or exchange)
+    then `schedules.record`: the generator    per round: its Sendrecv (or exchange)
     run dry on stand-ins, its rounds and      of operands, then the reductions noted
     reductions noted as operands              after it
 
