@@ -23,6 +23,9 @@ from mpi4py import MPI
 import mpidp
 from mpidp import flight
 from mpidp.collectives import blocking, checks, schedules, state
+from mpidp.collectives.algorithms import REGISTRY, Algorithm, register, unregister
+from mpidp.collectives.algorithms.blocks import one_vector
+from mpidp.collectives.algorithms.rounds import Recv, Send
 from mpidp.collectives.cost import set_model
 
 CALLS = 3  # the first is planned and recorded, the others replay
@@ -272,3 +275,30 @@ def test_a_comm_like_is_planned_with_its_own_placement(mpi_ranks, no_debug_check
         mpidp.allreduce(two_hosts, x, y, algorithm="rabenseifner")
         assert two_hosts.messages_sent > 0  # planned, through it
         assert np.array_equal(y, 4 * x)
+
+
+def strided_allreduce(comm, buf, blocks, op, tmp, src=None):
+    """A toy all-reduce of 2 ranks that reduces through strided views (even items, then
+    odd ones): no run of a buffer's items, so it cannot be noted as a part of one."""
+    rank = comm.Get_rank()
+    partner, src = 1 - rank, buf if src is None else src
+    yield [Send(src, partner), Recv(tmp, partner)]
+    for half in (slice(0, None, 2), slice(1, None, 2)):
+        mine, theirs = src[half], tmp[half]
+        op(buf[half], *((theirs, mine) if rank < partner else (mine, theirs)))
+
+
+@pytest.mark.mpi(ranks=[2], timeout=60)
+def test_a_schedule_with_strided_views_is_planned(mpi_ranks, no_debug_check):
+    comm = MPI.COMM_WORLD
+    register(Algorithm("allreduce", "toy_strided", strided_allreduce,
+                       REGISTRY["allreduce"]["recursive_doubling"].cost, one_vector))
+    try:
+        x, y = np.arange(6, dtype=np.float64) + comm.Get_rank(), np.empty(6)
+        for _ in range(CALLS):
+            mpidp.allreduce(comm, x, y, algorithm="toy_strided")
+            assert np.array_equal(y, 2 * np.arange(6) + 1)
+        key = ("allreduce", 6, x.dtype, "sum", "toy_strided", x.dtype, "api")
+        assert state.state(comm).schedules.get(key) == schedules.PLANNED
+    finally:
+        unregister("allreduce", "toy_strided")

@@ -79,8 +79,12 @@ def record(collective: str, comm, *args, checks: str = "api") -> None:
         rounds.append((count, round_, reductions))
     rounds[-1][2].extend(after)  # what the call writes itself, after the last round
     places = _Places(stand_ins)
-    pre = [places.reduction(r) for r in pre]
-    steps = [places.step(*r) for r in rounds]
+    try:
+        pre = [places.reduction(r) for r in pre]
+        steps = [places.step(*r) for r in rounds]
+    except _NotAPart:
+        st.schedules.remember(key, PLANNED)
+        return
     st.schedules.remember(key, Schedule(pre, steps, tuple(places.parts),
                                         tuple(reversed(places.values)), s.signed,
                                         st.tag(0, s.signed.sig)))
@@ -206,11 +210,17 @@ class _Places:
             for which, base in enumerate(self.stand_ins):
                 start = None if base is None else base.__array_interface__["data"][0]
                 if start is not None and start <= at < start + base.nbytes:
+                    if not x.flags.c_contiguous or x.dtype != base.dtype:
+                        raise _NotAPart(x)  # (no algorithm names such a view: planned)
                     first = (at - start) // base.itemsize
                     if first == 0 and x.size == base.size:
                         return which
                     return 2 + _found(self.parts, (which, first, first + x.size))
         return -1 - _found(self.values, x)
+
+
+class _NotAPart(ValueError):
+    """A view of a caller's buffer that is not a run of its items (strided, retyped)."""
 
 
 def _found(kept: list, x) -> int:
