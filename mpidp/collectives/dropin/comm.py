@@ -79,7 +79,7 @@ class Comm:
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's recvbuf gets the reduction of all ranks' sendbuf (MPI_Allreduce)."""
-        self._blocking("allreduce", parse.allreduce, sendbuf, recvbuf, op, algorithm)
+        self._blocking("allreduce", parse.allreduce, algorithm, sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allreduce; returns a Request."""
@@ -111,7 +111,7 @@ class Comm:
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm=None) -> None:  # noqa: N802
         """Block r of every rank's recvbuf gets rank r's sendbuf (MPI_Allgather)."""
-        self._blocking("allgather", parse.allgather, sendbuf, recvbuf, algorithm)
+        self._blocking("allgather", parse.allgather, algorithm, sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm=None) -> Request:  # noqa: N802
         """Start an Allgather; returns a Request."""
@@ -127,7 +127,7 @@ class Comm:
 
     def Bcast(self, buf, root: int = 0, *, algorithm=None) -> None:  # noqa: N802
         """Every rank's buf gets root's buf (MPI_Bcast)."""
-        self._blocking("bcast", parse.bcast, buf, root, algorithm)
+        self._blocking("bcast", parse.bcast, algorithm, buf, root)
 
     def Ibcast(self, buf, root: int = 0, *, algorithm=None) -> Request:  # noqa: N802
         """Start a Bcast; returns a Request."""
@@ -183,10 +183,9 @@ class Comm:
         """
         return planned(parse, self.comm, *args, debug=self.debug, persistent=persistent)
 
-    def _blocking(self, collective: str, parse, *args) -> None:
-        """A blocking call (``args`` end with its algorithm): replayed where it is like an
-        earlier one (`blocking`, with mpi4py's checks), else planned, then recorded."""
-        *args, algorithm = args
+    def _blocking(self, collective: str, parse, algorithm, *args) -> None:
+        """A blocking call: replayed where it is like an earlier one (`blocking`, with
+        mpi4py's checks), else planned, then recorded."""
         args = (*args, self._algorithm_for(collective, algorithm))
         replayed = False if self.debug else getattr(blocking, collective)(self.comm, *args,
                                                                           "mpi4py")
