@@ -64,9 +64,10 @@ def record(collective: str, comm, *args, checks: str = "api") -> None:
     s = st.setups.get(_SETUP[collective](key))  # what the planned call set up
     if s is None:  # (a first call that calibrated auto: it set up anew, in the old setups)
         return
-    made = _RECORD[collective](comm, s, *args)
-    if (made is None or not s.algo.replayable or comm.Get_size() == 1
-            or (s.algo.replayable == "in place" and made[1][1] is not None)):
+    made = None
+    if s.algo.replayable and comm.Get_size() > 1:  # (in place only: out of place it copies)
+        made = _RECORD[collective](comm, s, *args)
+    if made is None or (s.algo.replayable == "in place" and made[1][1] is not None):
         st.schedules.remember(key, PLANNED)
         return
     run_args, stand_ins, recorder, after = made
