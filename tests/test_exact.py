@@ -434,6 +434,57 @@ def test_codes_and_magic_constants_match_their_tables(dtype, order):
     assert np.array_equal(m1, t1[code]) and (g.words == 1 or np.array_equal(m2, t2[code]))
 
 
+@pytest.mark.parametrize("dtype", (*FLOATS, np.dtype(">f4")))
+def test_addends_on_their_last_grid_skip_its_rounding(dtype, monkeypatch):
+    """A chunk whose addends all lie on their last grid skips rounding them there
+    (`on_grid`), with the bits of the rounding path, which a stub forces."""
+    from mpidp.collectives import exact_steps
+
+    nmant = np.finfo(dtype).nmant
+    taken = []
+
+    def spy(g, code, low):
+        taken.append(prerounding.on_grid(g, code, low))
+        return taken[-1]
+
+    def both(parts):
+        monkeypatch.setattr(exact_steps, "on_grid", spy)
+        fast = local(parts)
+        monkeypatch.setattr(exact_steps, "on_grid", lambda *a: False)
+        return fast, local(parts)
+
+    rng = np.random.default_rng(4)
+    for n in (3, 5, 17):
+        g = prerounding.grid(dtype, n)
+        room = g.B1 + g.B2 - nmant - 1  # binades below the item's largest
+        for spread in (2, room):  # binades 2^-spread .. 2^0 of either sign: all on grid
+            parts = [(rng.uniform(1, 2, 3000) * rng.choice([-1, 1], 3000)
+                      * np.exp2(-rng.integers(0, spread + 1, 3000))).astype(dtype)
+                     for _ in range(n)]
+            for p in parts:
+                p[rng.random(3000) < 0.1] = rng.choice([0.0, -0.0])
+            taken.clear()
+            fast, slow = both(parts)
+            assert all(taken) and taken and same_bits(fast, slow)
+        taken.clear()
+        fast, slow = both(finite_hard(3000, n, dtype, seed=n))  # the whole range, zeros
+        assert same_bits(fast, slow) and all(taken) == (np.dtype(dtype).itemsize == 2)
+        if 2.0 ** -(room + 1) < np.finfo(dtype).smallest_subnormal:
+            continue  # float16: every addend lies within the room
+        # the room's edge: 1 + (1 + 2^-nmant)·2^-room - 1 is on the grid, a bit lower is not
+        one = np.ones(2, dtype)
+        small = np.array([2.0 ** -room, 2.0 ** -(room + 1)]) * (1 + 2.0 ** -nmant)
+        parts = [one, small.astype(dtype), (-one).astype(dtype)] + [np.zeros(2, dtype)] * (n - 3)
+        taken.clear()
+        fast, slow = both([p[:1] for p in parts])
+        assert taken == [True] and same_bits(fast, slow)
+        taken.clear()
+        fast, slow = both([p[1:] for p in parts])
+        assert taken == [False] and same_bits(fast, slow)
+        monkeypatch.setattr(exact_steps, "on_grid", lambda *a: True)  # taken there: wrong
+        assert not same_bits(local([p[1:] for p in parts]), slow)
+
+
 def test_sim_cli_check_and_volume(capsys):
     """`python -m mpidp.sim check ALGO --exact` and `volume --exact` run and say so."""
     from mpidp.sim.__main__ import main

@@ -90,9 +90,9 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
             for x in parts[1:]:
                 np.add(W, x, out=W)
     else:
-        codes(parts, g, s, count)
+        lows = codes(parts, g, s, count)
         yield from code_algo(comm, s.code, Blocks.even(count, n), MAX, s.code_tmp)
-        scaled, special = cut(parts, g, s, count, rs)
+        scaled, special = cut(parts, g, s, count, rs, lows)
     if rs:
         yield from word_algo(comm, W, Blocks([c * g.words for c in reduce_scatter.counts]),
                              SUM, s.words_tmp)

@@ -21,6 +21,7 @@ from .algorithms.prerounding import (
     from_words,
     magics,
     max_codes,
+    on_grid,
     special_values,
     specials,
     to_words,
@@ -73,31 +74,46 @@ def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
     """`exact_rounds` on one rank (not `plain`): the direct path's sum of the addends of
     a chunk of its block, the same steps without the collectives or a generator."""
     count = out.size
-    codes(parts, g, s, count)
-    scaled, special = cut(parts, g, s, count, False)
+    lows = codes(parts, g, s, count)
+    scaled, special = cut(parts, g, s, count, False, lows)
     back(s.words, g, False, 0, count, s.code[:count], out, special, scaled, average)
 
 
-def codes(parts, g: Grid, s: Scratch, count: int) -> None:
-    """Step 1 on this rank: s.code = each item's largest code over `parts`."""
+def codes(parts, g: Grid, s: Scratch, count: int) -> list:
+    """Step 1 on this rank: s.code = each item's largest code over `parts`. Returns per
+    chunk the smallest code of this rank's nonzero addends, for `cut` to see where they
+    lie on the grid already (`on_grid`)."""
+    lows = []
     for a, b in chunks(count, g.dtype):  # a chunk of every addend at a time, in the cache
-        max_codes([x[a:b] for x in parts], s.code[a:b], s.m1[a:b], s.y[: b - a])
+        lows.append(max_codes([x[a:b] for x in parts], s.code[a:b], s.m1[a:b],
+                              s.y[: b - a], True))
+    return lows
 
 
-def cut(parts, g: Grid, s: Scratch, count: int, interleaved: bool):
+def cut(parts, g: Grid, s: Scratch, count: int, interleaved: bool, lows: list):
     """Step 2 on the agreed codes: the words of this rank's addends, in s.words. Returns
-    the items whose words are scaled (`extremes`) and the special ones (`specials`)."""
+    the items whose words are scaled (`extremes`) and the special ones (`specials`).
+
+    A chunk whose addends all lie on their last grid already (`lows`, from `codes`:
+    `on_grid`) skips that rounding: one word is then the addends' own sum in float64,
+    the second word their rests' (`to_words`), the same numbers."""
     code, W = s.code[:count], s.words
     w1, w2 = words_of(W, g, interleaved, 0, count)
-    m2 = s.m2 if g.words == 2 else None
-    scaled = magics(code, g, s.m1, m2, s.tmp16)
+    one = g.words == 1
+    m2 = None if one else s.m2
+    scaled = np.zeros(0, np.intp) if one else magics(code, g, s.m1, m2, s.tmp16)
     if not parts:
         W[...] = 0
     with np.errstate(invalid="ignore", over="ignore"):
-        for a, b in chunks(count, g.dtype):
+        for (a, b), low in zip(chunks(count, g.dtype), lows, strict=True):
+            if not parts:
+                break
+            fast = on_grid(g, code[a:b], low)
+            if one and not fast:  # (one word: its constants only where they are used)
+                magics(code[a:b], g, s.m1[a:b], None, s.tmp16[a:b])
             for i, x in enumerate(parts):
                 to_words(x[a:b], s.m1[a:b], m2 if m2 is None else m2[a:b], w1[a:b],
-                         w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0)
+                         w2 if w2 is None else w2[a:b], s.y[: b - a], i == 0, fast)
         if scaled.size:
             extremes(parts, scaled, code, g, w1, w2)
     return scaled, specials(parts, code, w1, w2, g)

@@ -68,12 +68,13 @@ The call path takes one of two exchanges (collectives/exact.py), the same bits:
     n <= 2:           A(G)                                          SUM's
     float32: the words' A(G/4) + A(2G); float16: A(G/2) + A(4G)
 
-plus, per addend, its bits shifted and a maximum for its code, five passes over
-it for the float64 words (two for float32, float16: one addition and one
-subtraction per word), the magic constants once per call, and one pass at the
-end. The direct path does this for its own block only, where it holds all n
-addends, a chunk (`exact_direct.CHUNK` bytes of each addend) at a time, so that
-the passes run in the cache; the words path walks the addends in such chunks too.
+plus, per addend, its bits shifted, a maximum and a minimum for the codes, five
+passes for the float64 words (two for float32, float16), the magic constants, one
+pass at the end. A chunk whose addends lie on their last grid (`on_grid`: within
+2^27 of its largest for float32, 2^50 for float64, n <= 4) skips that rounding: one
+pass per addend for float32 (no constants), three for float64. The direct path does
+this for its own block, a chunk (`exact_direct.CHUNK` bytes of each addend) at a
+time, so that the passes run in the cache; the words path walks such chunks too.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ FAST = (-960, 960)  # float64 items whose e lies here take the magic constants (
 # ------------------------------------------------------------ step 1: the code of each item
 
 
-def max_codes(parts, out, top, other) -> None:
+def max_codes(parts, out, top, other, least: bool = False) -> int | None:
     """out = each item's largest code over `parts` (0, MAX's identity, if there are none).
 
     A code is the biased exponent (every bit set: inf or nan), so the largest is that of
@@ -100,20 +101,28 @@ def max_codes(parts, out, top, other) -> None:
     0) code 1 if any of the item's addends has no sign bit, else 0 (only -0.0 and
     negative subnormals, whose sum is zero only if all are -0.0): looked up for those
     items alone. `top`, `other`: scratch of at least out.size items of the
-    addends' width each (any dtype; `other` unused for one addend)."""
+    addends' width each (any dtype; `other` unused for one addend unless `least`).
+
+    With `least`, also returns the smallest code of a nonzero addend (one pass more
+    per addend: the shifted bits less one, so that a zero wraps to the largest, and
+    their minimum), or a code above every exponent's if all are zero (`on_grid`)."""
     if not parts:
         out[...] = 0
-        return
+        return 1 << 16 if least else None
     dtype = parts[0].dtype
     wide = np.dtype(f"u{dtype.itemsize}").newbyteorder(dtype.byteorder)  # x's own order
     top = top.view(np.uint8)[: out.size * dtype.itemsize].view(wide)
-    np.left_shift(parts[0].view(wide), 1, out=top)
-    if len(parts) > 1:
+    if len(parts) > 1 or least:
         other = other.view(np.uint8)[: out.size * dtype.itemsize].view(wide)
-        for x in parts[1:]:
-            np.left_shift(x.view(wide), 1, out=other)
-            np.maximum(top, other, out=top)
-    np.right_shift(top, np.finfo(dtype).nmant + 1, out=top)  # the biased exponent
+    shift = np.finfo(dtype).nmant + 1
+    np.left_shift(parts[0].view(wide), 1, out=top)
+    low = _least(top, other) if least else None
+    for x in parts[1:]:
+        np.left_shift(x.view(wide), 1, out=other)
+        np.maximum(top, other, out=top)
+        if least:
+            low = min(low, _least(other, other))
+    np.right_shift(top, shift, out=top)  # the biased exponent
     small = np.flatnonzero(top == 0)
     if small.size:  # every addend zero or subnormal: 1 if one is positive (+0.0 included)
         positive = np.zeros(small.size, bool)
@@ -121,6 +130,32 @@ def max_codes(parts, out, top, other) -> None:
             positive |= ~np.signbit(x[small])
         top[small] = positive
     np.copyto(out, top, casting="unsafe")
+    return None if low is None else (low + 1) >> shift
+
+
+def _least(shifted, scratch) -> int:
+    """The smallest nonzero of `shifted` (an addend's bits shifted left once) less one,
+    as a Python int; 2^w - 1 if every item is zero (0 - 1 wraps round)."""
+    np.subtract(shifted, 1, out=scratch)
+    return int(scratch.min()) if scratch.size else (1 << 8 * scratch.itemsize) - 1
+
+
+def on_grid(g: Grid, code, low: int) -> bool:
+    """True if every addend of these items, whose smallest nonzero code is `low` (from
+    `max_codes`), lies on its item's last grid already: then rounding it there changes
+    nothing (`to_words`' `fast`: one word is x, two words are q1 and x - q1 as it is).
+
+    x's last bit is 2^(max(c_x, 1) - bias - nmant), an item's last grid step
+    2^(e - B1 - B2) with e = max(c, 1) - bias + 1, so x lies on it where max(c, 1) -
+    max(c_x, 1) <= B1 + B2 - nmant - 1 for c the item's code (float32 up to 4 addends:
+    27 bits; float64: 50). The words' sums stay exact as before (every partial sum a
+    multiple of the grid step below 2^53 of them). Items with inf or nan (the top code)
+    take the rounding; scaled ones (`extremes`) are made apart anyway."""
+    if not code.size:
+        return True
+    c = int(code.max())
+    room = g.B1 + g.B2 - np.finfo(g.dtype).nmant - 1
+    return c < g.top and max(c, 1) - max(low, 1) <= room
 
 
 # ------------------------------------------------------------ step 2: the words
@@ -167,12 +202,20 @@ def magics(code, g: Grid, m1, m2, tmp) -> np.ndarray:
     return np.flatnonzero(((code < lo) | (code > hi)) & (code != g.top))
 
 
-def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
+def to_words(x, m1, m2, w1, w2, tmp, first: bool, fast: bool = False) -> None:
     """w1 (+)= x rounded to the grid of m1; w2 (+)= the rest rounded to the grid of m2.
 
     fl(x + m1) - m1 is x rounded to a multiple of ulp(m1) (|x| < m1/3: the sum stays in
     m1's binade), exactly; x minus it is exact too. All float64 (x: converted on the way).
+    `fast`: x lies on the last grid already (`on_grid`), so that rounding is left out:
+    one word is x itself, the second the rest as it is.
     """
+    if fast and w2 is None:
+        if first:
+            np.copyto(w1, x, casting="same_kind")
+        else:
+            np.add(w1, x, out=w1)
+        return
     q1 = w1 if first else tmp
     np.add(x, m1, out=q1)
     np.subtract(q1, m1, out=q1)
@@ -182,8 +225,9 @@ def to_words(x, m1, m2, w1, w2, tmp, first: bool) -> None:
         return
     q2 = w2 if first else tmp
     np.subtract(x, q1, out=q2)  # the rest, |r| <= ulp(m1)/2
-    np.add(q2, m2, out=q2)
-    np.subtract(q2, m2, out=q2)
+    if not fast:
+        np.add(q2, m2, out=q2)
+        np.subtract(q2, m2, out=q2)
     if not first:
         np.add(w2, q2, out=w2)
 
