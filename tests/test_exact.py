@@ -485,6 +485,30 @@ def test_addends_on_their_last_grid_skip_its_rounding(dtype, monkeypatch):
         assert not same_bits(local([p[1:] for p in parts]), slow)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_sim_ranks_on_and_off_the_grid_sum_alike(dtype, monkeypatch):
+    """The words path (more addends than 3 a rank) on 3 ranks: ranks whose addends lie on
+    their grid skip the rounding, the one holding a tiny addend rounds, and every rank's
+    bits are one rank's (all-reduce, and the reduce-scatter's blocks)."""
+    from mpidp.collectives import exact_steps
+
+    taken = []
+    monkeypatch.setattr(exact_steps, "on_grid",
+                        lambda *a: taken.append(prerounding.on_grid(*a)) or taken[-1])
+    rng = np.random.default_rng(2)
+    parts = [(rng.uniform(1, 2, 40) * rng.choice([-1, 1], 40)).astype(dtype)
+             for _ in range(10)]
+    parts[9][3] = np.finfo(dtype).smallest_subnormal * 3  # far below item 3's grid
+    one = local(parts)
+    by_rank = [parts[0:4], parts[4:6], parts[6:10]]
+    got, _ = simulate_exact("ring", by_rank, 10)
+    assert all(same_bits(g, one) for g in got)
+    assert True in taken and (False in taken) == (dtype != np.float16)  # (float16: all on)
+    counts = [13, 0, 27]
+    got, _ = simulate_exact("ring", by_rank, 10, collective="reduce_scatter", counts=counts)
+    assert same_bits(np.concatenate(got), one)
+
+
 def test_sim_cli_check_and_volume(capsys):
     """`python -m mpidp.sim check ALGO --exact` and `volume --exact` run and say so."""
     from mpidp.sim.__main__ import main
