@@ -20,6 +20,7 @@ import mpidp
 from mpidp.collectives import cost
 from mpidp.collectives.algorithms import REGISTRY, prerounding
 from mpidp.collectives.dropin.counting import CountingComm
+from mpidp.collectives.engine.staging import ScratchPool
 from mpidp.sim import exact as sim_exact
 from mpidp.sim.exact import check_exact, hard_addends, simulate_exact
 
@@ -507,6 +508,45 @@ def test_sim_ranks_on_and_off_the_grid_sum_alike(dtype, monkeypatch):
     counts = [13, 0, 27]
     got, _ = simulate_exact("ring", by_rank, 10, collective="reduce_scatter", counts=counts)
     assert same_bits(np.concatenate(got), one)
+
+
+def test_direct_path_splits_near_addends_at_one_constant(monkeypatch):
+    """float64 on the direct path: a chunk whose addends lie within 2^(51-2k) of its
+    largest is split at one constant (`split_sum`), with the grid's bits (sum and mean);
+    taken a binade further, its second word rounds and the bits differ."""
+    from mpidp.collectives import exact_steps
+
+    taken = []
+    split = exact_steps.split_sum
+    monkeypatch.setattr(exact_steps, "split_sum",
+                        lambda *a: taken.append(split(*a)) or taken[-1])
+    rng = np.random.default_rng(6)
+    for n in (3, 5, 6):
+        bound = 51 - 2 * (n - 1).bit_length()
+        for spread in (0, bound, bound + 1, 70):
+            parts = [rng.uniform(1, 2, 50) * rng.choice([-1, 1], 50) for _ in range(n)]
+            for p in parts:
+                p[rng.random(50) < 0.2] = rng.choice([0.0, -0.0])
+            parts[-1][:2] = [np.ldexp(1.5, -spread), 0.0]
+            parts[0][:2] = [1.0, -0.0]  # item 0 spans the spread, item 1 is zeros
+            for average in (False, True):
+                one = np.empty(50)
+                mpidp.sum_parts(parts, one, average=average)
+                taken.clear()
+                got, _ = simulate_exact("ring", [parts[0::2], parts[1::2]], n, average=average)
+                assert all(same_bits(g, one) for g in got)
+                assert taken and all(taken) == (spread <= bound)
+    # 2^-50 below the largest, 3 addends (bound 47): on the grid, but not for one constant
+    x1 = np.array([1 + 2.0 ** -48 + 2.0 ** -52])
+    parts = [x1, np.array([2.0 ** -50 * (1 + 2.0 ** -52)]), -x1]
+    one = local(parts)
+    g = prerounding.grid(np.float64, 3)
+    codes = exact_steps.codes
+    monkeypatch.setattr(exact_steps, "codes",  # each chunk's smallest code said to be its largest
+                        lambda *a: [int(a[2].code.max()) for _ in codes(*a)])
+    out = np.empty(1)
+    exact_steps.local_sum(parts, out, g, exact_steps.scratch_for(ScratchPool(), g, 1, 0, 0))
+    assert taken[-1] and not same_bits(out, one) and one[0] == parts[1][0]
 
 
 def test_sim_cli_check_and_volume(capsys):

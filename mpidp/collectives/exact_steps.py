@@ -75,8 +75,50 @@ def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
     a chunk of its block, the same steps without the collectives or a generator."""
     count = out.size
     lows = codes(parts, g, s, count)
+    if len(lows) == 1 and split_sum(parts, g, s.code[:count], lows[0], s):
+        none = np.zeros(0, np.intp)
+        back(s.words, g, False, 0, count, s.code[:count], out, none, none, average)
+        return
     scaled, special = cut(parts, g, s, count, False, lows)
     back(s.words, g, False, 0, count, s.code[:count], out, special, scaled, average)
+
+
+def split_sum(parts, g: Grid, code, low: int, s: Scratch) -> bool:
+    """Two words where every addend of these items is on this rank and near enough the
+    largest: [W1 | W2] in s.words with W1 + W2 = V, the addends' exact sum, split at one
+    constant for the chunk instead of each item's (no magic constants, no code per item).
+    False (nothing done) where the bound below does not hold.
+
+    With |x| < 2^E for every addend (E from the largest code c), n <= 2^k addends and
+    M = 1.5·2^(E+k+2), S = M + (the q's so far) stays in M's binade (grid H = 2^(E+k-50)):
+    t = fl(S + x), q = t - S (x rounded to H, exact), r = x - q (exact, |r| <= H/2), the
+    ties whichever way, as the sum S + r = S_before + x is exact whatever q is. The r's are
+    multiples of the smallest addend's last bit 2^(max(low, 1) - bias - 52), and n of
+    them stay below 2^53 such bits where c - max(low, 1) <= 51 - 2k: then W2 = Σ r is
+    exact in any order, W1 = S - M too, and every addend is on its item's last grid
+    (`on_grid`'s room is larger), so fl(W1 + W2) is the grid's sum, bit for bit. The
+    nonzero addends' codes lie in `FAST` (none is scaled); inf and nan lie above it."""
+    if g.words != 2 or not parts or not code.size:
+        return False
+    k = (g.addends - 1).bit_length()
+    lo, hi = _range(g)
+    c = int(code.max())
+    if not (c <= hi and max(low, 1) >= lo and c - max(low, 1) <= 51 - 2 * k):
+        return False
+    M = float(np.ldexp(1.5, c - g.bias + 1 + k + 2))
+    n = code.size
+    w1, w2, S, T = s.words[:n], s.words[n : 2 * n], s.m1[:n], s.m2[:n]
+    np.add(parts[0], M, out=S)
+    np.subtract(S, M, out=T)  # q
+    np.subtract(parts[0], T, out=w2)  # r
+    for x in parts[1:]:
+        np.add(S, x, out=T)  # t
+        np.subtract(T, S, out=S)  # q (S is free once t is made)
+        np.subtract(x, S, out=S)  # r
+        np.add(w2, S, out=w2)
+        S, T = T, S
+    np.subtract(S, M, out=w1)
+    return True
 
 
 def codes(parts, g: Grid, s: Scratch, count: int) -> list:
