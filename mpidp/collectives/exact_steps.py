@@ -2,7 +2,8 @@
 
 `exact.exact_rounds` runs them around its two collectives (the MAX pass between
 `codes` and `cut`, the SUM pass between `cut` and `back`); `local_sum` runs them on
-one rank, for the direct path's chunks (exact_direct.py).
+one rank, for the direct path's chunks (exact_direct.py), where a float64 chunk near its
+largest addend takes `split_sum` instead of `cut`.
 """
 
 from __future__ import annotations
