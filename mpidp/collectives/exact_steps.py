@@ -87,8 +87,8 @@ def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
 def split_sum(parts, g: Grid, code, low: int, s: Scratch) -> bool:
     """Two words where every addend of these items is on this rank and near enough the
     largest: [W1 | W2] in s.words with W1 + W2 = V, the addends' exact sum, split at one
-    constant for the chunk instead of each item's (no magic constants, no code per item).
-    False (nothing done) where the bound below does not hold.
+    constant for the chunk instead of each item's (no magic constants per item; the codes
+    still give the fixed rules). False (nothing done) where the bound below does not hold.
 
     With |x| < 2^E for every addend (E from the largest code c), n <= 2^k addends and
     M = 1.5·2^(E+k+2), S = M + (the q's so far) stays in M's binade (grid H = 2^(E+k-50)):
