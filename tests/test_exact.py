@@ -529,6 +529,9 @@ def test_direct_path_splits_near_addends_at_one_constant(monkeypatch):
                 p[rng.random(50) < 0.2] = rng.choice([0.0, -0.0])
             parts[-1][:2] = [np.ldexp(1.5, -spread), 0.0]
             parts[0][:2] = [1.0, -0.0]  # item 0 spans the spread, item 1 is zeros
+            for p in parts:  # item 2: -0.0 everywhere; item 3 too, but for one +0.0
+                p[2:4] = -0.0
+            parts[1][3] = 0.0
             for average in (False, True):
                 one = np.empty(50)
                 mpidp.sum_parts(parts, one, average=average)
@@ -536,17 +539,65 @@ def test_direct_path_splits_near_addends_at_one_constant(monkeypatch):
                 got, _ = simulate_exact("ring", [parts[0::2], parts[1::2]], n, average=average)
                 assert all(same_bits(g, one) for g in got)
                 assert taken and all(taken) == (spread <= bound)
+                assert same_bits(one[2:4], np.array([-0.0, 0.0]))
     # 2^-50 below the largest, 3 addends (bound 47): on the grid, but not for one constant
     x1 = np.array([1 + 2.0 ** -48 + 2.0 ** -52])
     parts = [x1, np.array([2.0 ** -50 * (1 + 2.0 ** -52)]), -x1]
     one = local(parts)
     g = prerounding.grid(np.float64, 3)
-    codes = exact_steps.codes
-    monkeypatch.setattr(exact_steps, "codes",  # each chunk's smallest code said to be its largest
-                        lambda *a: [int(a[2].code.max()) for _ in codes(*a)])
+    extent = exact_steps.extent
+    monkeypatch.setattr(exact_steps, "extent",  # the smallest code said to be the largest
+                        lambda *a: (extent(*a)[0],) * 2)
     out = np.empty(1)
     exact_steps.local_sum(parts, out, g, exact_steps.scratch_for(ScratchPool(), g, 1, 0, 0))
     assert taken[-1] and not same_bits(out, one) and one[0] == parts[1][0]
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float16))
+def test_direct_path_sums_addends_on_their_grid_without_codes(dtype, monkeypatch):
+    """float32 and float16 on the direct path: a chunk whose addends lie on their last grid
+    (`on_grid`) is summed in float64 as it is, with no code per item (`near_sum`), and
+    gives one rank's bits (sum and mean, -0.0 where every addend is); a chunk with an
+    addend off the grid, or an inf, takes the codes."""
+    from mpidp.collectives import exact_steps
+
+    taken = []
+    near = exact_steps.near_sum
+    monkeypatch.setattr(exact_steps, "near_sum", lambda *a: taken.append(near(*a)) or taken[-1])
+    rng = np.random.default_rng(9)
+    tiny = np.finfo(dtype).smallest_subnormal
+    for n in (3, 5):
+        g = prerounding.grid(dtype, n)
+        room = g.B1 + g.B2 - np.finfo(dtype).nmant - 1
+        for spread, on in ((2, True), (room, True), (room + 1, dtype == np.float16), (0, False)):
+            parts = [(rng.uniform(1, 2, 40) * rng.choice([-1, 1], 40)).astype(dtype)
+                     for _ in range(n)]
+            for p in parts:
+                p[rng.random(40) < 0.2] = rng.choice([0.0, -0.0])
+                p[2:4] = -0.0  # item 2: -0.0 everywhere; item 3 too, but for one +0.0
+            parts[1][3] = 0.0
+            if spread:  # off the grid a binade beyond the room (float16: the room is all)
+                parts[-1][0] = (np.ldexp(1.5, -spread) * (1 + 2.0 ** -9)).astype(dtype)
+            else:
+                parts[-1][0] = np.inf
+            for average in (False, True):
+                one = np.empty(40, dtype)
+                mpidp.sum_parts(parts, one, average=average)
+                taken.clear()
+                got, _ = simulate_exact("ring", [parts[0::2], parts[1::2]], n, average=average)
+                assert all(same_bits(x, one) for x in got)
+                assert taken and all(taken) == on
+                assert same_bits(one[2:4], np.array([-0.0, 0.0], dtype))
+    # subnormals alone (on their grid): a mean of three rounds the smallest to a zero
+    parts = [np.array(x, dtype) for x in ([-tiny, -tiny, tiny, 0.0], [-0.0, 0.0, -tiny, -0.0],
+                                          [-0.0, -0.0, -0.0, -0.0])]
+    for average in (False, True):
+        one = np.empty(4, dtype)
+        mpidp.sum_parts(parts, one, average=average)
+        taken.clear()
+        got, _ = simulate_exact("ring", [parts[:2], parts[2:]], 3, average=average)
+        assert all(same_bits(x, one) for x in got) and taken and all(taken)
+        assert one[0] == one[1] == one[3] == 0 or not average
 
 
 def test_sim_cli_check_and_volume(capsys):

@@ -330,3 +330,28 @@ def test_sim_exact_average_equals_one_rank(dtype):
         for algorithm in REGISTRY["allreduce"]:
             results, _ = simulate_exact(algorithm, [[p] for p in parts], N, average=True)
             assert all(r.tobytes() == want.tobytes() for r in results), (N, algorithm)
+
+
+@pytest.mark.parametrize("order", (">f8", ">f4", ">f2"))
+def test_direct_path_on_big_endian_parts_equals_native(order, monkeypatch):
+    """2 simulated ranks, 3 addends: the direct path's chunks without a code per item
+    (`near_sum`, which reads the parts' bits in their own byte order) give native bits."""
+    from mpidp.collectives import exact_steps
+    from mpidp.sim.exact import simulate_exact
+
+    taken = []
+    near = exact_steps.near_sum
+    monkeypatch.setattr(exact_steps, "near_sum", lambda *a: taken.append(near(*a)) or taken[-1])
+    rng = np.random.default_rng(8)
+    parts = [rng.standard_normal(64) * 2.0 ** rng.integers(-8, 8, 64) for _ in range(3)]
+    for p in parts:
+        p[:3] = [0.0, -0.0, -0.0]
+    native = [p.astype(np.dtype(order).newbyteorder("=")) for p in parts]
+    big = [p.astype(order) for p in parts]
+    got, _ = simulate_exact("ring", [big[:2], big[2:]], 3)
+    assert taken and all(taken)
+    want, _ = simulate_exact("ring", [native[:2], native[2:]], 3)
+    assert all(g.dtype == np.dtype(order) and g.tobytes() == want[0].astype(order).tobytes()
+               for g in got)
+    assert_sum_is_exact(native, want[0])
+    assert np.signbit(want[0][1]) and not np.signbit(want[0][0])

@@ -75,20 +75,60 @@ def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
     """`exact_rounds` on one rank (not `plain`): the direct path's sum of the addends of
     a chunk of its block, the same steps without the collectives or a generator."""
     count = out.size
-    lows = codes(parts, g, s, count)
-    if len(lows) == 1 and split_sum(parts, g, s.code[:count], lows[0], s):
+    if near_sum(parts, g, s, count):
         none = np.zeros(0, np.intp)
-        back(s.words, g, False, 0, count, s.code[:count], out, none, none, average)
+        back(s.words, g, False, 0, count, None, out, none, none, average)
+        negative_zeros(parts, out)
         return
+    lows = codes(parts, g, s, count)
     scaled, special = cut(parts, g, s, count, False, lows)
     back(s.words, g, False, 0, count, s.code[:count], out, special, scaled, average)
 
 
-def split_sum(parts, g: Grid, code, low: int, s: Scratch) -> bool:
-    """Two words where every addend of these items is on this rank and near enough the
-    largest: [W1 | W2] in s.words with W1 + W2 = V, the addends' exact sum, split at one
-    constant for the chunk instead of each item's (no magic constants per item; the codes
-    still give the fixed rules). False (nothing done) where the bound below does not hold.
+def extent(parts, t) -> tuple[int, int]:
+    """(the largest code, the smallest code of a nonzero addend) over all of `parts`, from
+    `max_codes`' bits (x shifted left once; less one, so that a zero wraps round) but
+    one maximum and one minimum for the whole chunk, no code per item: above every
+    exponent's for the smallest if all are zero. `t`: scratch of the parts' size in bytes."""
+    dtype = parts[0].dtype
+    wide = np.dtype(f"u{dtype.itemsize}")
+    t = t.view(np.uint8)[: parts[0].nbytes].view(wide)
+    top, least = 0, (1 << 8 * dtype.itemsize) - 1
+    for x in parts:
+        np.left_shift(x.view(wide.newbyteorder(dtype.byteorder)), 1, out=t)
+        top = max(top, int(t.max()))
+        np.subtract(t, 1, out=t)
+        least = min(least, int(t.min()))
+    shift = np.finfo(dtype).nmant + 1
+    return top >> shift, (least + 1) >> shift
+
+
+def near_sum(parts, g: Grid, s: Scratch, n: int) -> bool:
+    """The words of n items whose addends are all on this rank, without a code per item,
+    where the chunk's `extent` allows (False, nothing done, where it does not): float64
+    near enough its largest addend split at one constant (`split_sum`); float32 and
+    float16 on their last grid (`on_grid`) summed in float64 as they are (`to_words`'
+    `fast`). No inf nor nan (they code `top`); an exact zero's sign is `negative_zeros`'."""
+    if g.plain or not parts or not n:
+        return False
+    c, low = extent(parts, s.y[:n])
+    if g.words == 2:
+        return split_sum(parts, g, s, n, c, low)
+    if not on_grid(g, c, low):  # (inf and nan code `top`: not on it)
+        return False
+    w1 = s.words[:n]
+    np.copyto(w1, parts[0], casting="same_kind")
+    for x in parts[1:]:
+        np.add(w1, x, out=w1)
+    return True
+
+
+def split_sum(parts, g: Grid, s: Scratch, n: int, c: int, low: int) -> bool:
+    """Two words where every addend of these n items is on this rank and near enough the
+    largest code `c` (`low` the smallest nonzero one, from `extent`): [W1 | W2] in s.words
+    with W1 + W2 = V, the addends' exact sum, split at one constant for the chunk instead
+    of each item's (no code per item, no magic constants). False (nothing done) where the
+    bound below does not hold, or an addend is inf, nan, subnormal or outside `FAST`.
 
     With |x| < 2^E for every addend (E from the largest code c), n <= 2^k addends and
     M = 1.5·2^(E+k+2), S = M + (the q's so far) stays in M's binade (grid H = 2^(E+k-50)):
@@ -97,17 +137,12 @@ def split_sum(parts, g: Grid, code, low: int, s: Scratch) -> bool:
     multiples of the smallest addend's last bit 2^(max(low, 1) - bias - 52), and n of
     them stay below 2^53 such bits where c - max(low, 1) <= 51 - 2k: then W2 = Σ r is
     exact in any order, W1 = S - M too, and every addend is on its item's last grid
-    (`on_grid`'s room is larger), so fl(W1 + W2) is the grid's sum, bit for bit. The
-    nonzero addends' codes lie in `FAST` (none is scaled); inf and nan lie above it."""
-    if g.words != 2 or not parts or not code.size:
-        return False
+    (`on_grid`'s room is larger), so fl(W1 + W2) is the grid's sum, bit for bit."""
     k = (g.addends - 1).bit_length()
     lo, hi = _range(g)
-    c = int(code.max())
     if not (c <= hi and max(low, 1) >= lo and c - max(low, 1) <= 51 - 2 * k):
         return False
     M = float(np.ldexp(1.5, c - g.bias + 1 + k + 2))
-    n = code.size
     w1, w2, S, T = s.words[:n], s.words[n : 2 * n], s.m1[:n], s.m2[:n]
     np.add(parts[0], M, out=S)
     np.subtract(S, M, out=T)  # q
@@ -120,6 +155,17 @@ def split_sum(parts, g: Grid, code, low: int, s: Scratch) -> bool:
         S, T = T, S
     np.subtract(S, M, out=w1)
     return True
+
+
+def negative_zeros(parts, out) -> None:
+    """The fixed rule where no code per item was made (`near_sum`): an exact zero is -0.0
+    where every addend is (a zero sum of addends with the sign bit is theirs alone)."""
+    zero = np.flatnonzero(out == 0)
+    if zero.size:
+        neg = np.ones(zero.size, bool)
+        for x in parts:
+            neg &= np.signbit(x[zero])
+        out[zero[neg]] = -0.0
 
 
 def codes(parts, g: Grid, s: Scratch, count: int) -> list:
@@ -151,7 +197,7 @@ def cut(parts, g: Grid, s: Scratch, count: int, interleaved: bool, lows: list):
         for (a, b), low in zip(chunks(count, g.dtype), lows, strict=True):
             if not parts:
                 break
-            fast = on_grid(g, code[a:b], low)
+            fast = on_grid(g, int(code[a:b].max()), low)
             if one and not fast:  # (one word: its constants only where they are used)
                 magics(code[a:b], g, s.m1[a:b], None, s.tmp16[a:b])
             for i, x in enumerate(parts):
@@ -165,7 +211,8 @@ def cut(parts, g: Grid, s: Scratch, count: int, interleaved: bool, lows: list):
 def back(W, g: Grid, interleaved: bool, lo: int, hi: int, code, out, special, scaled,
          average: bool) -> None:
     """Step 3: out = items lo..hi of the summed words (`code`: theirs), one rounding; the
-    mean from the words (`averaging`); then the fixed rules."""
+    mean from the words (`averaging`); then the fixed rules (`code` None: a `near_sum`
+    chunk, none scaled nor special, whose rule `local_sum` applies)."""
     w1, w2 = words_of(W, g, interleaved, lo, hi)
     values = special_values(w1, w2, special) if special.size else None
     if average and g.addends > 1:  # V/n from the words, rounded once (averaging.py)
@@ -173,12 +220,13 @@ def back(W, g: Grid, interleaved: bool, lo: int, hi: int, code, out, special, sc
     else:
         with np.errstate(invalid="ignore", over="ignore"):
             from_words(w1, w2, out, code, g, scaled)
-    finish(code, out, g, special, values)
+    if code is not None:
+        finish(code, out, g, special, values)
 
 
 def _exact(w1, w2, code, g: Grid, i: int) -> Fraction:
     """Item i's summed words as the exact V (scaled ones times 2^e, as `from_words`)."""
     v = Fraction(float(w1[i])) + (0 if w2 is None else Fraction(float(w2[i])))
-    if g.words == 2 and not _range(g)[0] <= code[i] <= _range(g)[1]:
+    if code is not None and g.words == 2 and not _range(g)[0] <= code[i] <= _range(g)[1]:
         v *= Fraction(2) ** (max(int(code[i]), 1) - (g.bias - 1))
     return v

@@ -74,7 +74,8 @@ pass at the end. A chunk whose addends lie on their last grid (`on_grid`: within
 2^27 of its largest for float32, 2^50 for float64, n <= 4) skips that rounding: one
 pass per addend for float32 (no constants), three for float64. The direct path does
 this for its own block, a chunk (`exact_direct.CHUNK` bytes of each addend) at a
-time, so that the passes run in the cache; the words path walks such chunks too.
+time, so that the passes run in the cache, with no code per item where the chunk's
+extent allows (`exact_steps.near_sum`); the words path walks such chunks too.
 """
 
 from __future__ import annotations
@@ -140,10 +141,11 @@ def _least(shifted, scratch) -> int:
     return int(scratch.min()) if scratch.size else (1 << 8 * scratch.itemsize) - 1
 
 
-def on_grid(g: Grid, code, low: int) -> bool:
-    """True if every addend of these items, whose smallest nonzero code is `low` (from
-    `max_codes`), lies on its item's last grid already: then rounding it there changes
-    nothing (`to_words`' `fast`: one word is x, two words are q1 and x - q1 as it is).
+def on_grid(g: Grid, c: int, low: int) -> bool:
+    """True if every addend of these items, whose largest code is `c` and smallest nonzero
+    one `low` (from `max_codes`), lies on its item's last grid already: then rounding it
+    there changes nothing (`to_words`' `fast`: one word is x, two words are q1 and x - q1
+    as it is).
 
     x's last bit is 2^(max(c_x, 1) - bias - nmant), an item's last grid step
     2^(e - B1 - B2) with e = max(c, 1) - bias + 1, so x lies on it where max(c, 1) -
@@ -151,9 +153,6 @@ def on_grid(g: Grid, code, low: int) -> bool:
     27 bits; float64: 50). The words' sums stay exact as before (every partial sum a
     multiple of the grid step below 2^53 of them). Items with inf or nan (the top code)
     take the rounding; scaled ones (`extremes`) are made apart anyway."""
-    if not code.size:
-        return True
-    c = int(code.max())
     room = g.B1 + g.B2 - np.finfo(g.dtype).nmant - 1
     return c < g.top and max(c, 1) - max(low, 1) <= room
 
