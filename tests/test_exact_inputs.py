@@ -334,7 +334,7 @@ def test_sim_exact_average_equals_one_rank(dtype):
 
 @pytest.mark.parametrize("order", (">f8", ">f4", ">f2"))
 def test_direct_path_on_big_endian_parts_equals_native(order, monkeypatch):
-    """2 simulated ranks, 3 addends: the direct path's chunks without a code per item
+    """2 and 3 simulated ranks, 3 addends: the direct path's chunks without a code per item
     (`near_sum`, which reads the parts' bits in their own byte order) give native bits."""
     from mpidp.collectives import exact_steps
     from mpidp.sim.exact import simulate_exact
@@ -355,3 +355,7 @@ def test_direct_path_on_big_endian_parts_equals_native(order, monkeypatch):
                for g in got)
     assert_sum_is_exact(native, want[0])
     assert np.signbit(want[0][1]) and not np.signbit(want[0][0])
+    taken.clear()  # 3 ranks, a part each: blocks of 22, 21, 21 items
+    got, _ = simulate_exact("ring", [[p] for p in big], 3)
+    assert taken and all(taken)
+    assert all(g.tobytes() == want[0].astype(order).tobytes() for g in got)

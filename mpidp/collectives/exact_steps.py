@@ -16,6 +16,7 @@ import numpy as np
 from .algorithms.averaging import mean
 from .algorithms.prerounding import (
     Grid,
+    _least,
     _range,
     extremes,
     finish,
@@ -97,8 +98,7 @@ def extent(parts, t) -> tuple[int, int]:
     for x in parts:
         np.left_shift(x.view(wide.newbyteorder(dtype.byteorder)), 1, out=t)
         top = max(top, int(t.max()))
-        np.subtract(t, 1, out=t)
-        least = min(least, int(t.min()))
+        least = min(least, _least(t, t))
     shift = np.finfo(dtype).nmant + 1
     return top >> shift, (least + 1) >> shift
 
@@ -116,10 +116,8 @@ def near_sum(parts, g: Grid, s: Scratch, n: int) -> bool:
         return split_sum(parts, g, s, n, c, low)
     if not on_grid(g, c, low):  # (inf and nan code `top`: not on it)
         return False
-    w1 = s.words[:n]
-    np.copyto(w1, parts[0], casting="same_kind")
-    for x in parts[1:]:
-        np.add(w1, x, out=w1)
+    for i, x in enumerate(parts):
+        to_words(x, None, None, s.words[:n], None, None, i == 0, True)
     return True
 
 
