@@ -557,7 +557,8 @@ def test_direct_path_splits_near_addends_at_one_constant(monkeypatch):
 def test_direct_path_sums_addends_on_their_grid_without_codes(dtype, monkeypatch):
     """float32 and float16 on the direct path: a chunk whose addends lie on their last grid
     (`on_grid`) is summed in float64 as it is, with no code per item (`near_sum`), and
-    gives one rank's bits (sum and mean, -0.0 where every addend is); a chunk with an
+    gives one rank's bits (sum and mean, -0.0 where every addend is, +0.0 where addends
+    cancel: one word keeps IEEE's signs, no `negative_zeros`); a chunk with an
     addend off the grid, or an inf, takes the codes."""
     from mpidp.collectives import exact_steps
 
@@ -574,8 +575,9 @@ def test_direct_path_sums_addends_on_their_grid_without_codes(dtype, monkeypatch
                      for _ in range(n)]
             for p in parts:
                 p[rng.random(40) < 0.2] = rng.choice([0.0, -0.0])
-                p[2:4] = -0.0  # item 2: -0.0 everywhere; item 3 too, but for one +0.0
+                p[2:5] = -0.0  # item 2: -0.0 everywhere; item 3 too, but for one +0.0
             parts[1][3] = 0.0
+            parts[0][4], parts[1][4] = 1.5, -1.5  # item 4: -0.0 but for two that cancel
             if spread:  # off the grid a binade beyond the room (float16: the room is all)
                 parts[-1][0] = (np.ldexp(1.5, -spread) * (1 + 2.0 ** -9)).astype(dtype)
             else:
@@ -587,7 +589,7 @@ def test_direct_path_sums_addends_on_their_grid_without_codes(dtype, monkeypatch
                 got, _ = simulate_exact("ring", [parts[0::2], parts[1::2]], n, average=average)
                 assert all(same_bits(x, one) for x in got)
                 assert taken and all(taken) == on
-                assert same_bits(one[2:4], np.array([-0.0, 0.0], dtype))
+                assert same_bits(one[2:5], np.array([-0.0, 0.0, 0.0], dtype))
     # subnormals alone (on their grid): a mean of three rounds the smallest to a zero
     parts = [np.array(x, dtype) for x in ([-tiny, -tiny, tiny, 0.0], [-0.0, 0.0, -tiny, -0.0],
                                           [-0.0, -0.0, -0.0, -0.0])]

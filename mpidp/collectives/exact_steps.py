@@ -79,7 +79,8 @@ def local_sum(parts, out, g: Grid, s: Scratch, average: bool = False) -> None:
     if near_sum(parts, g, s, count):
         none = np.zeros(0, np.intp)
         back(s.words, g, False, 0, count, None, out, none, none, average)
-        negative_zeros(parts, out)
+        if g.words == 2:  # (one word is the addends' own float64 sum: IEEE's signs hold)
+            negative_zeros(parts, out)
         return
     lows = codes(parts, g, s, count)
     scaled, special = cut(parts, g, s, count, False, lows)
@@ -108,7 +109,9 @@ def near_sum(parts, g: Grid, s: Scratch, n: int) -> bool:
     where the chunk's `extent` allows (False, nothing done, where it does not): float64
     near enough its largest addend split at one constant (`split_sum`); float32 and
     float16 on their last grid (`on_grid`) summed in float64 as they are (`to_words`'
-    `fast`). No inf nor nan (they code `top`); an exact zero's sign is `negative_zeros`'."""
+    `fast`). No inf nor nan (they code `top`). An exact zero's sign: one word is the
+    addends' exact sum in IEEE arithmetic, -0.0 only where every addend is, as the fixed
+    rule says; two words lose it (S - M is +0.0), and `negative_zeros` puts it back."""
     if g.plain or not parts or not n:
         return False
     c, low = extent(parts, s.y[:n])
@@ -156,7 +159,7 @@ def split_sum(parts, g: Grid, s: Scratch, n: int, c: int, low: int) -> bool:
 
 
 def negative_zeros(parts, out) -> None:
-    """The fixed rule where no code per item was made (`near_sum`): an exact zero is -0.0
+    """The fixed rule where no code per item was made (`split_sum`): an exact zero is -0.0
     where every addend is (a zero sum of addends with the sign bit is theirs alone)."""
     zero = np.flatnonzero(out == 0)
     if zero.size:
