@@ -166,7 +166,8 @@ def bcast_init(comm, buf, root: int = 0, algorithm: str = "auto", **kw) -> Persi
 
 
 def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
-                     average: bool = False, **kw) -> Request:
+                     average: bool = False, ordered: bool = False, held=None,
+                     **kw) -> Request:
     """Start the exact sum over all ranks of all arrays in `parts` into `out`.
 
     Args:
@@ -177,26 +178,37 @@ def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
             result is bitwise EXACT_SUM's over the same multiset of addends.
         algorithm: the all-reduce algorithm of the SUM pass (and of the MAX pass).
         average: divide by `addends` (EXACT_AVG).
+        ordered: instead of the exact sum, the sum in rank order (rank 0's parts in
+            their order, then rank 1's, ...) folded in float64 and rounded once
+            (ordered.py): the bits of that sequence of addends, however it is cut
+            among ranks, at less than half the exact sum's cost.
+        held: each rank's number of parts (a list, the same on every rank), where the
+            caller knows them: the ranks need not swap them first.
         tag, debug: as for every collective.
     Returns: a Request (``test()``, ``wait()``).
     """
-    return planned(plan_parts, comm, parts, out, addends, algorithm, average, **kw).start()
+    return planned(plan_parts, comm, parts, out, addends, algorithm, average, ordered, held,
+                   **kw).start()
 
 
 def allreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
-                    average: bool = False, **kw) -> None:
+                    average: bool = False, ordered: bool = False, held=None, **kw) -> None:
     """The blocking `iallreduce_parts`."""
-    planned(plan_parts, comm, parts, out, addends, algorithm, average, **kw).run()
+    planned(plan_parts, comm, parts, out, addends, algorithm, average, ordered, held,
+            **kw).run()
 
 
-def sum_parts(parts, out, *, average: bool = False) -> None:
-    """The local exact sum of `parts` into `out`: `allreduce_parts` on ``MPI.COMM_SELF``."""
+def sum_parts(parts, out, *, average: bool = False, ordered: bool = False) -> None:
+    """The local exact (or ordered) sum of `parts` into `out`: `allreduce_parts` on
+    ``MPI.COMM_SELF``."""
     parts = list(parts)
-    allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average)
+    allreduce_parts(MPI.COMM_SELF, parts, out, addends=len(parts), average=average,
+                    ordered=ordered)
 
 
 def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: str = "auto",
-                          average: bool = False, **kw) -> Request:
+                          average: bool = False, ordered: bool = False, held=None,
+                          **kw) -> Request:
     """Start the exact sum over all ranks of all `parts`, rank r getting block r into `out`.
 
     As `iallreduce_parts`, with the result scattered: block r (``counts[r]`` items, the
@@ -205,4 +217,4 @@ def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: 
     `algorithm` is a reduce-scatter name (``"ring"``, ``"recursive_halving"``, ``"auto"``).
     """
     return planned(plan_parts_rs, comm, parts, out, counts, addends, algorithm, average,
-                   **kw).start()
+                   ordered, held, **kw).start()

@@ -86,7 +86,7 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
             W[...] = -0.0
         elif parts[0] is not W:
             np.copyto(W, parts[0])
-        with np.errstate(over="ignore"):  # beyond the range: ±inf, the fixed rule
+        with np.errstate(over="ignore", invalid="ignore"):  # ±inf and inf - inf: the rules
             for x in parts[1:]:
                 np.add(W, x, out=W)
     else:
@@ -121,7 +121,8 @@ def exact_rounds(comm, parts, out, g: Grid, code_algo, word_algo, s: Scratch,
 
 
 def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: int,
-               blocks: Blocks | None = None, held: int | None = None) -> Plan:
+               blocks: Blocks | None = None, held: int | None = None,
+               by_rank: list[int] | None = None) -> Plan:
     """The plan of an exact all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
 
     Args:
@@ -131,6 +132,8 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         addends: over all ranks, the same on every rank.
         held: (the sums of parts) the parts this rank holds: with MPIDP_DEBUG the ranks
             check that they add up to `addends`.
+        by_rank: (the sums of parts) each rank's number of parts, where the caller knows
+            them: the direct path need not swap them.
     """
     comm = call.comm
     rs = blocks is not None
@@ -155,11 +158,12 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         collective = "reduce_scatter" if rs else "allreduce"
         check_algorithm(collective, algorithm)
         call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
-                   op=op.name, algorithm=algorithm, addends=addends)
+                   op=op.name, algorithm=algorithm, addends=addends, held=by_rank)
         if held is not None:
             call.agree_total(collective, held, addends)
     if takes_direct(g, comm.Get_size()):
-        return _plan_direct(call, parts, out, g, op, algorithm, blocks, known=held is None)
+        return _plan_direct(call, parts, out, g, op, algorithm, blocks,
+                            [1] * comm.Get_size() if held is None else by_rank)
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
@@ -172,9 +176,10 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
 
 
 def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
-                 blocks: Blocks | None, known: bool) -> Plan:
+                 blocks: Blocks | None, held: list[int] | None) -> Plan:
     """The plan of the direct path (`exact_direct`): raw addends to their items' owners,
-    the local grid sum there, and (all-reduce) the all-gather of the sums."""
+    the local grid sum there, and (all-reduce) the all-gather of the sums. `held`: each
+    rank's number of addends where known (the op path: one each), else swapped first."""
     comm, n, rank = call.comm, call.comm.Get_size(), call.comm.Get_rank()
     rs = blocks is not None
     count = blocks.total if rs else out.size
@@ -197,6 +202,6 @@ def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
     pool = call.state.pool
     s = scratch_for(pool, g, chunk_items(layout.counts[rank], out.dtype), 0, 0)
     recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
-    counts = pool.take(np.empty(0, np.int64), 0 if known else n)
-    args = (comm, parts, out, g, gather, s, recv, counts, local_sum, op.divide, blocks, known)
+    counts = pool.take(np.empty(0, np.int64), 0 if held else n)
+    args = (comm, parts, out, g, gather, s, recv, counts, local_sum, op.divide, blocks, held)
     return Plan(call, direct_rounds, args, tag, None, (*s, recv, counts))

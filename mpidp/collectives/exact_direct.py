@@ -53,23 +53,24 @@ def chunk_items(count: int, dtype) -> int:
 
 def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
                   average: bool = False, reduce_scatter: Blocks | None = None,
-                  known: bool = True) -> Rounds:
+                  held: list[int] | None = None) -> Rounds:
     """The direct path as one generator of rounds.
 
     Args:
         parts: this rank's addends (flat, the whole vector each); may include `out`.
         out: the result (all-reduce), or with `reduce_scatter` this rank's block.
         gather: the all-gather generator ``(comm, buf, blocks)`` (all-reduce only).
-        s: `exact_steps.Scratch` of the local sum of this rank's block; `local` runs it
-            (`exact_steps.local_sum`).
+        s: the scratch of the local sum of this rank's block; `local` runs it
+            (`exact_steps.local_sum`, or `ordered.local_ordered`, which takes the addends in
+            rank order and each rank's parts in its list's order).
         recv: scratch of the dtype for the others' addends (`direct_items`);
         counts: N int64, each rank's number of parts.
-        known: every rank holds one part (the op path): no counts to swap.
+        held: each rank's number of parts, where every rank knows them (the op path:
+            one each); None: the ranks swap them first.
     """
     n, rank = comm.Get_size(), comm.Get_rank()
     blocks = reduce_scatter if reduce_scatter is not None else Blocks.even(out.size, n)
-    held = [1] * n
-    if not known:  # each rank's number of parts, to every peer
+    if held is None:  # each rank's number of parts, to every peer
         counts[rank] = len(parts)
         yield ([Send(counts[rank:rank + 1], (rank + d) % n) for d in range(1, n)] +
                [Recv(counts[q:q + 1], q) for q in ((rank - d) % n for d in range(1, n))])
@@ -79,17 +80,20 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
             raise ValueError(f"the ranks hold {sum(held)} parts in all ({by_rank}), "
                              f"but addends={g.addends}")
     lo, c = blocks.displs[rank], blocks.counts[rank]
-    round_, mine, at = [], [x[lo:lo + c] for x in parts], 0
+    round_, at = [], 0
+    got = [[] for _ in range(n)]  # each rank's addends of my block, its parts in its order
+    got[rank] = [x[lo:lo + c] for x in parts]
     for d in range(1, n):  # to rank + d, from rank - d: no rank is everyone's first peer
         to, frm = (rank + d) % n, (rank - d) % n
         if blocks.counts[to]:
             round_ += [Send(blocks.view(x, to), to) for x in parts]
         for _ in range(held[frm] if c else 0):
-            mine.append(recv[at:at + c])
-            round_.append(Recv(mine[-1], frm))
+            got[frm].append(recv[at:at + c])
+            round_.append(Recv(got[frm][-1], frm))
             at += c
     if round_:
         yield round_
+    mine = [x for addends in got for x in addends]  # rank 0's, then rank 1's, ... (ordered.py)
     block = out if reduce_scatter is not None else out[lo:lo + c]
     step = max(chunk_items(c, out.dtype), 1)
     for a in range(0, c, step):  # a chunk at a time: its passes run in the cache

@@ -19,8 +19,8 @@ own compute, sleep, point-to-point calls, an exception): that rank shows as one
 that finished its recorded collectives, and the others stall waiting for it, as
 they did. Nor a rank with no record (killed), collectives that fell out of the
 record (only the last ``MPIDP_FLIGHT`` are kept: the replay starts where every
-rank still has them), persistent collectives (one entry for all their starts)
-and exact sums (their two passes are one entry): those calls are left out,
+rank still has them), persistent collectives (one entry for all their starts),
+exact and ordered sums (their passes are one entry): those calls are left out,
 and said so; a rank stuck in one of them is said to be, and the replay then claims
 nothing about the hang ("cannot say"). Nor records it cannot afford or read: more
 than `REPLAY_MAX_BYTES` of buffers in all, a dtype not in `REPLAY_DTYPES`, a
@@ -54,6 +54,7 @@ REPLAY_MAX_BYTES = 1 << 30
 REPLAY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "float16", "float32", "float64", "complex64", "complex128")
 EXACT_OPS = ("exact_sum", "exact_avg")
+ORDERED_OPS = ("ordered_sum", "ordered_avg")  # the ordered sums of parts (ordered.py)
 
 
 def _replayable(call: dict) -> str | None:
@@ -63,6 +64,8 @@ def _replayable(call: dict) -> str | None:
     name, algo = call.get("collective"), call.get("algorithm")
     if name is None or call.get("tag") is None:
         return None if call.get("state") == "failed" else "no signature recorded"
+    if call.get("op") in ORDERED_OPS:
+        return "an ordered sum of parts (its exchange and all-gather are one entry)"
     if call.get("op") in EXACT_OPS or "+" in str(algo):
         return "an exact sum (its two passes are one entry)"
     if name not in COLLECTIVES or algo not in names(name):

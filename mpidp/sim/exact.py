@@ -106,7 +106,7 @@ def simulate_exact(algorithm: str, parts_by_rank, addends: int, *,
             recv = np.empty(direct_items(g, layout, r, len(mine)), dtype)
             gens.append(direct_rounds(comm, mine, out, g, gather and gather.bound(hosts), s,
                                       recv, np.zeros(0 if known else N, np.int64),
-                                      local_sum, average, blocks, known))
+                                      local_sum, average, blocks, [1] * N if known else None))
             results.append(out)
         sim.run(gens)
         return results, sim
