@@ -11,8 +11,8 @@ side in one forward and backward (``ddp.forward(x, micro_shards=K)``; ``--looped
 one forward and backward each, as before). Each
 deterministic step is cut into: ``compute`` (forwards, losses and backwards of the K
 micro-shards, less what follows), ``keep`` (the parts' copies, `determinism.keep_apart`;
-side by side, `determinism.part_grads`' buffers), ``start`` (starting the exact sums,
-`determinism.exact`),
+side by side, `determinism.part_grads`' buffers), ``start`` (starting the ordered sums,
+`determinism.average_parts`),
 ``progress`` (their rounds advanced from backward's hooks, `DataParallel.on_grad`),
 ``wait`` (the synced backward's wait for them) and ``opt`` (the optimizer step).
 Prints rank 0's medians (ms) and the ratio of the medians of the whole steps.
@@ -53,7 +53,7 @@ def timed(key, fn):
 
 reducers.keep_apart = timed("keep", reducers.keep_apart)
 determinism.part_grads = timed("keep", determinism.part_grads)
-reducers.exact = timed("start", reducers.exact)
+reducers.average_parts = timed("start", reducers.average_parts)
 collectives.testall = timed("progress", collectives.testall)  # ddp's calls: the sums' rounds
 
 

@@ -28,15 +28,16 @@ dlogits by 1/A for A micro-batches).
 
 Each optimisation has a home of its own, and this class only calls it: what a
 bucket's reduction is (all-reduce, whole or in pieces; ZeRO's reduce-scatter; the
-exact sum of deterministic mode) is the *reducer*'s (`reducers.py`, `sharded.py`,
+ordered sum of deterministic mode) is the *reducer*'s (`reducers.py`, `sharded.py`,
 `pieces.py`, `determinism.py`); a bucket's ``request`` is always one `Reduction`; a
 progress thread is `polling.py`'s; uneven inputs (``join()``) are `join.py`'s.
 
 N ranks equal one rank on the global batch: the AVG of N ranks' mean gradients over
 equal shards is the mean over all N·b samples, up to rounding. ``deterministic=True``
-makes it exact: every backward is one micro-shard (`determinism.py`), kept apart under
-``no_sync()``, and the synced backward launches per bucket the exact average of all
-ranks' micro-shards, whose bits depend only on the multiset of addends. Pass each
+makes it bitwise: every backward is one micro-shard (`determinism.py`), kept apart
+under ``no_sync()``, and the synced backward launches per bucket the ordered average of
+all ranks' micro-shards (rank 0's in order, then rank 1's, ...: the global batch's
+order, whatever N), whose bits depend only on that sequence of addends. Pass each
 micro-shard's mean-loss gradient as it is (no 1/A). ``forward(x, micro_shards=K)``
 takes K of them side by side in one forward and one backward, with the same bits
 (a model that keeps them apart, `protocol.py`'s ``part_grads``; not ZeRO 2, 3, whose

@@ -5,14 +5,17 @@ pass is one micro-shard of M samples, cut from the global batch the same way
 whatever the number of ranks. A micro-shard's gradient then depends only on its
 samples, provided its forward and backward run the same instructions wherever
 they run: the same shapes (M rows, a contiguous copy), the same NumPy and BLAS
-build, one BLAS thread (a threaded GEMM may split a sum differently). The
-gradients of all micro-shards, on all ranks, are then added by the exact sum
-(`mpidp.iallreduce_parts`), whose result depends only on the multiset of
-addends: N ranks give the bits of one rank on the global batch.
+build, one BLAS thread (a threaded GEMM may split a sum differently). Rank r runs
+the r-th run of K micro-shards of the global batch, in order, so the micro-shards of
+all ranks, rank by rank, are the global batch's in order; their gradients are added
+in that order by the ordered sum of parts (``mpidp.iallreduce_parts(...,
+ordered=True)``, collectives/ordered.py), whose result depends only on that
+sequence of addends, not on how it is cut among ranks: N ranks give the bits of one
+rank on the global batch.
 
 The reducers' part of it is here too: `keep_apart` keeps each ``no_sync()``
-backward's gradients as a part of its bucket, and `exact` starts the exact average
-of a bucket's parts, all ranks'.
+backward's gradients as a part of its bucket, and `average_parts` starts the ordered
+average of a bucket's parts, all ranks'.
 
 One backward may also hold K micro-shards side by side (``ddp.forward(x,
 micro_shards=K)``, `SideBySide`; a model that keeps micro-batches apart, `protocol.py`): the
@@ -171,20 +174,22 @@ class SideBySide:
         return sum(a.nbytes for made, _ in self.kept.values() for new in made for a in new)
 
 
-def exact(comm, b, out, algorithm: str, counts=None, uneven=None):
-    """Start the exact average of bucket b's parts and its gradients, all ranks', into `out`.
+def average_parts(comm, b, out, algorithm: str, counts=None, uneven=None):
+    """Start the ordered average of bucket b's parts and its gradients, all ranks', into
+    `out`: rank 0's micro-shards in order, then rank 1's, ... (one rank: all of them).
 
     ``counts``: reduce-scatter it instead (ZeRO), rank r's block into its `out`.
     ``uneven``: under `DataParallel.join()` with ranks joined, (the addends of the ranks
     that trained, whether I did): a joined rank brings no addends (`join.py`).
     """
     parts = [*b.parts, b.flat]
-    addends = comm.Get_size() * len(parts)  # every rank runs as many micro-shards
-    if uneven is not None:
-        addends, trained = uneven
+    held = [len(parts)] * comm.Get_size()  # every rank runs as many micro-shards
+    addends = sum(held)
+    if uneven is not None:  # how many the training ranks hold is theirs to swap
+        (addends, trained), held = uneven, None
         parts = parts if trained else []
+    kw = {"addends": addends, "algorithm": algorithm, "average": True, "ordered": True,
+          "held": held}
     if counts is None:
-        return mp.iallreduce_parts(comm, parts, out, addends=addends, algorithm=algorithm,
-                                   average=True)
-    return mp.ireduce_scatter_parts(comm, parts, out, counts, addends=addends,
-                                    algorithm=algorithm, average=True)
+        return mp.iallreduce_parts(comm, parts, out, **kw)
+    return mp.ireduce_scatter_parts(comm, parts, out, counts, **kw)

@@ -26,9 +26,10 @@ The semantics, per step: the gradient is the average over the T ranks that train
 it (T <= N), not over N: each bucket's reduction takes zeros from the joined ranks,
 then (T < N) is scaled by N/T. With equal per-rank batches of b samples that is the
 mean gradient over the T·b samples those ranks saw: one rank on their union. In
-deterministic mode the exact average divides by T·K (K micro-shards a rank this step)
-and the joined ranks bring no addends at all, so the result is bitwise one rank's on
-those T·K micro-shards. A step with T = N runs exactly as without ``join()``.
+deterministic mode the ordered average divides by T·K (K micro-shards a rank this
+step) and the joined ranks bring no addends at all, so the result is bitwise one
+rank's on those T·K micro-shards, taken rank by rank. A step with T = N runs exactly
+as without ``join()``.
 
 The promises (each broken one is a RuntimeError on every rank, never a hang): the
 ranks that train run the same number of micro-batches per step (they agree on
@@ -113,7 +114,7 @@ class Joining:
         self.trained, self.synced = trained, bool(syncs)
         self.shards = self.shards + shards if self.trained else 0
         if self.synced and self.inner.deterministic and 0 < trained < self.size:
-            # the training ranks' micro-shards: the exact average's addends; mine if I train
+            # the training ranks' micro-shards: the ordered average's addends; mine if I train
             self.inner.uneven = (self.shards, bool(trains))
         else:
             self.inner.uneven = None

@@ -12,7 +12,7 @@ bucket's reduction is, and what `step()` then does, is the reducer's:
                     (stages 1, 2: after the step) or `zero3.GatherPerUnit` (stage 3:
                     just in time)
 
-Deterministic mode is the reducer's too (`determinism.keep_apart`, `exact`). The
+Deterministic mode is the reducer's too (`determinism.keep_apart`, `average_parts`). The
 protocol, in a step's order (every method called on every rank alike):
 
     check(model, optimizer, algorithm, prefetch) -> algorithm   before any message
@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from .. import collectives as mp
 from . import hooks, pieces
 from .buckets import Bucket, Reduction
-from .determinism import exact, keep_apart
+from .determinism import average_parts, keep_apart
 
 STAGES = (0, 1, 2, 3)
 
@@ -56,7 +56,7 @@ class AllReduce:
 
     collective = "allreduce"
     splits_shards = True  # deterministic mode's micro-shards side by side (ddp.forward)
-    uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
+    uneven = None  # set by `join.Joining` for a step some ranks sat out (`average_parts`)
 
     @staticmethod
     def check(model, optimizer, algorithm, prefetch: bool):
@@ -79,7 +79,7 @@ class AllReduce:
             self.row_stops, self.pieces, self.across = pieces.cut(
                 model, comm, buckets, piece_mb, algorithm, overlap)
         for b in buckets:  # planned once: each step only starts them
-            # (deterministic: the exact sum of a step's parts, planned at each launch;
+            # (deterministic: the ordered sum of a step's parts, planned at each launch;
             # buckets in pieces go piece by piece, never whole)
             if not deterministic and b.index not in self.pieces:
                 b.plan = mp.allreduce_init(comm, mp.IN_PLACE, b.flat, op=mp.AVG,
@@ -94,8 +94,8 @@ class AllReduce:
         if b.index in self.pieces:
             return pieces.reduction(self.pieces[b.index])
         if self.deterministic:
-            return Reduction([lambda: exact(self.comm, b, b.flat, self.algorithm,
-                                            uneven=self.uneven)])
+            return Reduction([lambda: average_parts(self.comm, b, b.flat, self.algorithm,
+                                                    uneven=self.uneven)])
         return Reduction([lambda: self._start(b)])
 
     def _start(self, b: Bucket):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import collectives as mp
 from .buckets import Bucket, Reduction, writers
-from .determinism import exact, keep_apart
+from .determinism import average_parts, keep_apart
 from .shards import Layout, shard_state, unshard_state
 from .zero import GatherAfterStep, halves
 from .zero3 import GatherPerUnit
@@ -27,7 +27,7 @@ class ReduceScatter:
     collective = "reduce_scatter"
     row_stops, pieces, across = None, {}, False  # whole buckets only
     splits_shards = property(lambda self: self.zero == 1)  # stages 2, 3: no bucket yet
-    uneven = None  # set by `join.Joining` for a step some ranks sat out (`determinism.exact`)
+    uneven = None  # set by `join.Joining` for a step some ranks sat out (`average_parts`)
 
     @staticmethod
     def check(model, optimizer, algorithm, prefetch: bool) -> dict:
@@ -58,7 +58,7 @@ class ReduceScatter:
             model.grads.update(layout.views(flat_grads))
             for b, (start, stop) in zip(buckets, layout.ranges, strict=True):
                 b.flat = flat_grads[start:stop]  # fixed: its reduce-scatter is planned once
-                if not deterministic:  # the exact sum of a step's parts: planned at each launch
+                if not deterministic:  # the ordered sum of a step's parts: planned at each launch
                     b.plan = mp.reduce_scatter_init(comm, mp.IN_PLACE, b.flat,
                                                     layout.blocks[b.index].counts, op=mp.AVG,
                                                     algorithm=algorithm["reduce_scatter"])
@@ -97,8 +97,8 @@ class ReduceScatter:
     def _start(self, b: Bucket):
         counts = self.layout.blocks[b.index].counts
         if self.deterministic:  # my block at the bucket's front, as the in-place call's
-            return exact(self.comm, b, b.flat[:counts[self.comm.Get_rank()]],
-                         self.algorithm["reduce_scatter"], counts, self.uneven)
+            return average_parts(self.comm, b, b.flat[:counts[self.comm.Get_rank()]],
+                                 self.algorithm["reduce_scatter"], counts, self.uneven)
         if b.plan is not None:  # stage 1
             b.plan.Start()
             return b.plan.request
