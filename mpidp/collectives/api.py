@@ -179,9 +179,9 @@ def iallreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
         algorithm: the all-reduce algorithm of the SUM pass (and of the MAX pass).
         average: divide by `addends` (EXACT_AVG).
         ordered: instead of the exact sum, the sum in rank order (rank 0's parts in
-            their order, then rank 1's, ...) folded in float64 and rounded once
-            (ordered.py): the bits of that sequence of addends, however it is cut
-            among ranks, at less than half the exact sum's cost.
+            their order, then rank 1's, ...), added item by item in the dtype
+            (float16 in float32; ordered.py): the bits of that sequence of addends,
+            however it is cut among ranks, at less than half the exact sum's cost.
         held: each rank's number of parts (a list, the same on every rank), where the
             caller knows them: the ranks need not swap them first.
         tag, debug: as for every collective.

@@ -183,7 +183,10 @@ def average_parts(comm, b, out, algorithm: str, counts=None, uneven=None):
     that trained, whether I did): a joined rank brings no addends (`join.py`).
     """
     parts = [*b.parts, b.flat]
-    held = [len(parts)] * comm.Get_size()  # every rank runs as many micro-shards
+    # every rank runs as many micro-shards (one that ran another number passes other
+    # addends: another signature, as any argument the ranks disagree on; MPIDP_DEBUG=1
+    # makes them all raise)
+    held = [len(parts)] * comm.Get_size()
     addends = sum(held)
     if uneven is not None:  # how many the training ranks hold is theirs to swap
         (addends, trained), held = uneven, None
