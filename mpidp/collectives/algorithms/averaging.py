@@ -30,7 +30,6 @@ float64 items outside prerounding's FAST range.
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -53,7 +52,7 @@ def nearest(value: Fraction, dtype) -> float:
     big = info.max
     if np.isinf(r):  # past the range's end, max + ulp/2 (a tie goes to inf: max is odd)?
         edge = Fraction(float(big)) + Fraction(2) ** (info.maxexp - 2 - info.nmant)
-        return float(r) if abs(value) >= edge else math.copysign(float(big), r64)
+        return float(r) if abs(value) >= edge else float(np.copysign(float(big), r64))
     a = float(r)
     if a != r64:  # the second rounding moved it: was r64 a midpoint of dt?
         b = float(np.nextafter(r, dt.type(np.inf if r64 > a else -np.inf)))
