@@ -154,16 +154,15 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
         return Passes(signed(collective, (blocks.counts if rs else count, addends), out.dtype,
                              op, f"{code_name}+{word_name}"), code_algo, word_algo, items)
 
-    if call.debug:  # the arguments as passed, before auto's (collective) set-up
-        collective = "reduce_scatter" if rs else "allreduce"
-        check_algorithm(collective, algorithm)
-        call.agree(collective, count=blocks.counts if rs else count, dtype=out.dtype,
-                   op=op.name, algorithm=algorithm, addends=addends, held=by_rank)
-        if held is not None:
-            call.agree_total(collective, held, addends)
+    if call.debug:
+        agree_sum(call, out, op, algorithm, addends, blocks, by_rank, held)
     if takes_direct(g, comm.Get_size()):
-        return _plan_direct(call, parts, out, g, op, algorithm, blocks,
-                            [1] * comm.Get_size() if held is None else by_rank)
+        def grid_scratch(pool, items):
+            return scratch_for(pool, g, items, 0, 0)
+
+        return plan_direct(call, parts, out, g, op, algorithm, blocks,
+                           [1] * comm.Get_size() if held is None else by_rank,
+                           local_sum, grid_scratch, "direct")
     key = ("exact", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm, addends)
     s = call.setup(key, setup)
     tag = call.tag(s.signed)
@@ -175,11 +174,33 @@ def plan_exact(call: Call, parts: list, out, op: Op, algorithm: str, addends: in
     return Plan(call, exact_rounds, args, tag, None, tuple(scratch))
 
 
-def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
-                 blocks: Blocks | None, held: list[int] | None) -> Plan:
+def agree_sum(call: Call, out, op: Op, algorithm: str, addends: int, blocks: Blocks | None,
+              by_rank: list[int] | None, held: int | None) -> None:
+    """(MPIDP_DEBUG) The ranks compare a sum's arguments as passed, before auto's
+    (collective) set-up, and (sums of parts) that the parts they hold add up."""
+    rs = blocks is not None
+    collective = "reduce_scatter" if rs else "allreduce"
+    check_algorithm(collective, algorithm)
+    call.agree(collective, count=blocks.counts if rs else out.size, dtype=out.dtype,
+               op=op.name, algorithm=algorithm, addends=addends, held=by_rank)
+    if held is not None:
+        call.agree_total(collective, held, addends)
+
+
+def plan_direct(call: Call, parts: list, out, g, op: Op, algorithm: str,
+                blocks: Blocks | None, held: list[int] | None, local, scratch,
+                kind: str) -> Plan:
     """The plan of the direct path (`exact_direct`): raw addends to their items' owners,
-    the local grid sum there, and (all-reduce) the all-gather of the sums. `held`: each
-    rank's number of addends where known (the op path: one each), else swapped first."""
+    `local`'s sum there (the exact sum's `local_sum`, ordered.py's `local_ordered`), and
+    (all-reduce) the all-gather of the sums.
+
+    Args:
+        g: what the rounds and `local` read of the sum (`addends`: its Grid, or a count).
+        held: each rank's number of addends where known (the op path: one each), else
+            swapped first.
+        scratch: ``scratch(pool, items)``, `local`'s scratch for a chunk of items.
+        kind: the path's name in the signature's algorithm, ``kind+allgather``.
+    """
     comm, n, rank = call.comm, call.comm.Get_size(), call.comm.Get_rank()
     rs = blocks is not None
     count = blocks.total if rs else out.size
@@ -188,20 +209,20 @@ def _plan_direct(call: Call, parts: list, out, g: Grid, op: Op, algorithm: str,
     def setup() -> tuple[Signed, Algorithm | None]:
         collective = "reduce_scatter" if rs else "allreduce"
         check_algorithm(collective, algorithm)
-        name = None if rs else (
+        name = None if rs or n == 1 else (
             choose(comm, "allgather", count * out.itemsize, "auto") if algorithm == "auto"
             else GATHER_FOR.get(algorithm, "recursive_doubling"))
         return (signed(collective, (layout.counts if rs else count, g.addends), out.dtype, op,
-                       f"direct+{name or 'none'}"), name and entry("allgather", name))
+                       f"{kind}+{name or 'none'}"), name and entry("allgather", name))
 
-    key = ("exact direct", rs, count, layout.counts, out.dtype, op.name, algorithm, g.addends)
+    key = (kind, rs, count, layout.counts, out.dtype, op.name, algorithm, g.addends)
     sig, gather = call.setup(key, setup)
     tag = call.tag(sig)
     if gather is not None:
         gather = gather.bound(locate(comm, call.state, "allgather", gather.name))
     pool = call.state.pool
-    s = scratch_for(pool, g, chunk_items(layout.counts[rank], out.dtype), 0, 0)
+    s = scratch(pool, chunk_items(layout.counts[rank], out.dtype))
     recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
     counts = pool.take(np.empty(0, np.int64), 0 if held else n)
-    args = (comm, parts, out, g, gather, s, recv, counts, local_sum, op.divide, blocks, held)
+    args = (comm, parts, out, g, gather, s, recv, counts, local, op.divide, blocks, held)
     return Plan(call, direct_rounds, args, tag, None, (*s, recv, counts))

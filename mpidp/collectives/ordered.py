@@ -37,15 +37,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
-from .checks import check_algorithm
-from .cost import choose
-from .exact import GATHER_FOR
-from .exact_direct import chunk_items, direct_items, direct_rounds
-from .placement import locate
-from .plan import Call, Plan, signed
+from .exact import agree_sum, plan_direct
+from .plan import Call, Plan
 
 # Not MPI operators, and not names a caller passes: the ops of the ordered sums' signatures
 ORDERED_SUM = Op("ordered_sum", "add", "f")
@@ -90,48 +85,27 @@ def wide(dtype) -> np.dtype:
 
 
 def plan_ordered(call: Call, parts: list, out, average: bool, algorithm: str, addends: int,
-                 blocks: Blocks | None = None, held: list[int] | None = None) -> Plan:
-    """The plan of an ordered all-reduce (or, with `blocks`, reduce-scatter) of `parts`.
+                 blocks: Blocks | None = None, by_rank: list[int] | None = None) -> Plan:
+    """The plan of an ordered all-reduce (or, with `blocks`, reduce-scatter) of `parts`:
+    the exact sum's direct path (`exact.plan_direct`) with `local_ordered` as its sum.
 
     Args:
         parts: this rank's addends in order, flat arrays of the vector's size.
         out: the result: the vector (all-reduce) or this rank's block (reduce-scatter).
-        algorithm: the all-reduce asked for, which names the all-gather (`GATHER_FOR`);
+        algorithm: the all-reduce asked for, which names the all-gather (`exact.GATHER_FOR`);
             a reduce-scatter's is checked and has no all-gather.
         addends: over all ranks, the same on every rank.
-        held: each rank's number of parts, where the caller knows them (checked
+        by_rank: each rank's number of parts, where the caller knows them (checked
             against this rank's, and with MPIDP_DEBUG across ranks); None: the ranks
             swap them in a first round.
     """
-    comm, n, rank = call.comm, call.comm.Get_size(), call.comm.Get_rank()
-    rs = blocks is not None
-    collective = "reduce_scatter" if rs else "allreduce"
-    count = blocks.total if rs else out.size
-    layout = blocks if rs else Blocks.even(count, n)
     op = ORDERED_AVG if average else ORDERED_SUM
-    if call.debug:  # the arguments as passed, before auto's (collective) set-up
-        check_algorithm(collective, algorithm)
-        call.agree(collective, count=layout.counts if rs else count, dtype=out.dtype,
-                   op=op.name, algorithm=algorithm, addends=addends, held=held)
-        call.agree_total(collective, len(parts), addends)
+    if call.debug:
+        agree_sum(call, out, op, algorithm, addends, blocks, by_rank, len(parts))
 
-    def setup():
-        check_algorithm(collective, algorithm)
-        name = None if rs or n == 1 else (
-            choose(comm, "allgather", count * out.itemsize, "auto") if algorithm == "auto"
-            else GATHER_FOR.get(algorithm, "recursive_doubling"))
-        return (signed(collective, (layout.counts if rs else count, addends), out.dtype, op,
-                       f"ordered+{name or 'none'}"), name and entry("allgather", name))
+    def acc(pool, items):
+        return Acc(pool.take(np.empty(0, wide(out.dtype)), items))
 
-    key = ("ordered", rs, count, layout.counts, out.dtype, average, algorithm, addends)
-    sig, gather = call.setup(key, setup)
-    tag = call.tag(sig)
-    if gather is not None:
-        gather = gather.bound(locate(comm, call.state, "allgather", gather.name))
-    pool, g = call.state.pool, Count(addends)
-    s = Acc(pool.take(np.empty(0, wide(out.dtype)), chunk_items(layout.counts[rank], out.dtype)))
-    recv = pool.take(np.empty(0, out.dtype), direct_items(g, layout, rank, len(parts)))
-    counts = pool.take(np.empty(0, np.int64), n)
-    args = (comm, parts, out, g, gather, s, recv, counts, local_ordered, average, blocks,
-            [len(parts)] if n == 1 else held)
-    return Plan(call, direct_rounds, args, tag, None, (*s, recv, counts))
+    one = call.comm.Get_size() == 1  # (one rank: nothing to swap)
+    return plan_direct(call, parts, out, Count(addends), op, algorithm, blocks,
+                       [len(parts)] if one else by_rank, local_ordered, acc, "ordered")
