@@ -12,17 +12,21 @@ that added in another order, or exactly, would fail.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
+from mpidp.collectives import ordered, ordered_chain
 from mpidp.collectives.algorithms import entry
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.exact import GATHER_FOR
 from mpidp.collectives.exact_direct import chunk_items, direct_items, direct_rounds
 from mpidp.collectives.ordered import Acc, Count, local_ordered, wide
+from mpidp.collectives.ordered_chain import Route, chain_rounds
 from mpidp.sim.engine import Sim
 
 FLOATS = (np.float64, np.float32, np.float16)
@@ -65,26 +69,45 @@ def cut(sequence, held):
 
 
 def simulate(by_rank, count, dtype, *, counts=None, average=False, known=False,
-             algorithm="ring"):
+             algorithm="ring", path="direct", segments=1):
     """The ordered all-reduce (reduce-scatter with `counts`) on len(by_rank) simulated
-    ranks, through the real rounds and local sum; each rank's result."""
+    ranks, through the real rounds and local sum of the direct path or (``path="chain"``)
+    the chain, cut into `segments`; each rank's result."""
     N = len(by_rank)
     addends = sum(len(p) for p in by_rank)
-    layout = Blocks(counts) if counts is not None else Blocks.even(count, N)
-    gather = None if counts is not None or N == 1 else entry(
-        "allgather", GATHER_FOR.get(algorithm, "recursive_doubling")).bound(None)
+    rs = counts is not None
+    layout = Blocks(counts) if rs else Blocks.even(count, N)
+    total = layout.total
     held = [len(p) for p in by_rank] if known or N == 1 else None
     sim, gens, outs = Sim(N), [], []
     for r, comm in enumerate(sim.comms):
-        out = np.full(layout.counts[r] if counts is not None else count, 77, dtype)
-        s = Acc(np.empty(chunk_items(layout.counts[r], dtype), wide(dtype)))
-        recv = np.empty(direct_items(Count(addends), layout, r, len(by_rank[r])), dtype)
-        gens.append(direct_rounds(comm, [p.copy() for p in by_rank[r]], out, Count(addends),
-                                  gather, s, recv, np.zeros(N, np.int64), local_ordered,
-                                  average, layout if counts is not None else None, held))
+        out = np.full(layout.counts[r] if rs else count, 77, dtype)
+        parts = [p.copy() for p in by_rank[r]]
+        if path == "chain":
+            bcast = None if rs or N == 1 else entry(
+                "bcast", "binomial" if algorithm == "ring" else "scatter_allgather").bound(None)
+            gens.append(chain_rounds(comm, parts, out, addends, np.full(total, 55, wide(dtype)),
+                                     Blocks.even(total, segments), bcast,
+                                     np.zeros(N, np.int64), held, average,
+                                     layout if rs else None, np.full(total, 66, dtype)))
+        else:
+            gather = None if rs or N == 1 else entry(
+                "allgather", GATHER_FOR.get(algorithm, "recursive_doubling")).bound(None)
+            s = Acc(np.empty(chunk_items(layout.counts[r], dtype), wide(dtype)))
+            recv = np.empty(direct_items(Count(addends), layout, r, len(by_rank[r])), dtype)
+            gens.append(direct_rounds(comm, parts, out, Count(addends), gather, s, recv,
+                                      np.zeros(N, np.int64), local_ordered, average,
+                                      layout if rs else None, held))
         outs.append(out)
     sim.run(gens)
     return outs
+
+
+PATHS = [  # (path, segments, the algorithm naming the all-gather or broadcast)
+    ("direct", 1, "ring"),
+    ("chain", 1, "ring"),  # binomial broadcast
+    ("chain", 3, "rabenseifner"),  # scatter + all-gather broadcast
+]
 
 
 # ------------------------------------------------------------ breadth (simulated)
@@ -99,10 +122,14 @@ def spreads(N, P):
         yield [0, *[P // (N - 1) + (r < P % (N - 1)) for r in range(N - 1)]]
 
 
+@pytest.mark.parametrize("path, segments, algorithm", PATHS)
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_sim_every_cut_of_the_sequence_gives_the_one_process_fold(dtype):
+def test_sim_every_cut_of_the_sequence_gives_the_one_process_fold(dtype, path, segments,
+                                                                  algorithm):
     """N = 1..8, 11, 16; counts 0, 1, below N, not divisible by N, beyond one chunk
-    (float16: 2 chunks); sum and average; counts swapped or passed (`held`)."""
+    (float16: 2 chunks); sum and average; counts swapped or passed (`held`); both paths,
+    the chain in one segment and in three (some empty)."""
+    how = {"path": path, "segments": segments, "algorithm": algorithm}
     cases = 0
     for N in (*range(1, 9), 11, 16):
         for count in sorted({0, 1, max(N - 1, 1), 3 * N + 2}):
@@ -113,18 +140,20 @@ def test_sim_every_cut_of_the_sequence_gives_the_one_process_fold(dtype):
                     want = oracle(seq, dtype, average)
                     for known in (False, True):
                         for out in simulate(cut(seq, held), count, dtype, average=average,
-                                            known=known):
+                                            known=known, **how):
                             assert same_bits(out, want), (N, count, held, average, known)
                         cases += 1
     big = chunk_items(1 << 30, dtype) + 5  # more than one chunk on a rank
     seq = hard(2 * big, 5, dtype, seed=7)
-    for out in simulate(cut(seq, [2, 3]), 2 * big, dtype, average=True):
+    for out in simulate(cut(seq, [2, 3]), 2 * big, dtype, average=True, **how):
         assert same_bits(out, oracle(seq, dtype, True))
     assert cases > 400
 
 
+@pytest.mark.parametrize("path, segments, algorithm", PATHS)
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_sim_reduce_scatter_gives_each_rank_its_block_of_the_fold(dtype):
+def test_sim_reduce_scatter_gives_each_rank_its_block_of_the_fold(dtype, path, segments,
+                                                                  algorithm):
     for N in (1, 2, 3, 5, 8):
         counts = [(3 * r + 1) % 4 for r in range(N)]  # a zero block among them
         count, P = sum(counts), 2 * N + 1
@@ -132,7 +161,8 @@ def test_sim_reduce_scatter_gives_each_rank_its_block_of_the_fold(dtype):
         want = oracle(seq, dtype, average=True)
         at = np.cumsum([0, *counts])
         for held in spreads(N, P):
-            outs = simulate(cut(seq, held), count, dtype, counts=counts, average=True)
+            outs = simulate(cut(seq, held), count, dtype, counts=counts, average=True,
+                            path=path, segments=segments)
             for r, out in enumerate(outs):
                 assert same_bits(out, want[at[r]:at[r + 1]]), (N, held, r)
 
@@ -162,6 +192,18 @@ def test_sim_an_order_of_ranks_other_than_theirs_is_caught(monkeypatch):
     assert not any(same_bits(o, want) for o in simulate(cut(seq, [2, 2, 2]), 40, np.float32))
 
 
+def test_sim_a_chain_that_adds_a_rank_s_parts_out_of_order_is_caught(monkeypatch):
+    """The chain's check can fail too: each rank adding its own parts last one first."""
+    seq = hard(40, 6, np.float32, seed=3)
+    want = oracle(seq, np.float32)
+    how = {"path": "chain", "segments": 2}
+    assert all(same_bits(o, want) for o in simulate(cut(seq, [2, 2, 2]), 40, np.float32, **how))
+    theirs = ordered_chain.add
+    monkeypatch.setattr(ordered_chain, "add", lambda acc, parts: theirs(acc, parts[::-1]))
+    assert not any(same_bits(o, want)
+                   for o in simulate(cut(seq, [2, 2, 2]), 40, np.float32, **how))
+
+
 SPECIAL = [  # (the addends of one item, in order; the result, "nan" for the canonical NaN)
     ([-0.0, -0.0, -0.0], "-0"),
     ([-0.0, 0.0, -0.0], "+0"),
@@ -181,14 +223,17 @@ def _value(a, dtype):
     return np.array(a, dtype)
 
 
+@pytest.mark.parametrize("path, segments, algorithm", PATHS)
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_sim_special_values_follow_ieee_with_the_canonical_nan(dtype):
+def test_sim_special_values_follow_ieee_with_the_canonical_nan(dtype, path, segments,
+                                                               algorithm):
     canonical = np.array(np.nan, dtype).tobytes()
+    how = {"path": path, "segments": segments, "algorithm": algorithm}
     for addends, result in SPECIAL:
         seq = [np.array([_value(a, dtype)] * 3, dtype) for a in addends]
         for N in (1, 2, 3):
-            for held in spreads(N, len(seq)):
-                for out in simulate(cut(seq, held), 3, dtype):
+            for held in spreads(N, len(seq)):  # (rank 0 holding none among them)
+                for out in simulate(cut(seq, held), 3, dtype, **how):
                     for item in out:
                         if result == "nan":
                             assert item.tobytes() == canonical, (addends, N, held)
@@ -272,6 +317,8 @@ def every_form_equals_the_fold(comm):
             mpidp.ireduce_scatter_parts(comm, mine, block, counts, addends=P, average=True,
                                         ordered=True, held=held).wait()
             assert same_bits(block, want[lo:lo + counts[r]]), (dtype, count, "rs")
+            for route in (Route(True, 1), Route(True, 3), Route(False)):  # each path forced
+                both_paths_give_the_fold(comm, route, mine, want, held, counts)
             exact, told = np.empty(count, dtype), np.empty(count, dtype)  # the exact sum:
             mpidp.allreduce_parts(comm, mine, exact, addends=P)  # `held` skips a round only
             mpidp.allreduce_parts(comm, mine, told, addends=P, held=held)
@@ -282,6 +329,27 @@ def every_form_equals_the_fold(comm):
         comm.Allreduce(x, native, op=MPI.SUM)
         mpidp.allreduce_parts(comm, [x], out, addends=2, ordered=True)
         assert same_bits(out, native)
+
+
+def both_paths_give_the_fold(comm, route, mine, want, held, counts):
+    """``auto``'s all-reduce and reduce-scatter, counts swapped or passed, on the path
+    `route` names, whatever the model would pick (on a comm of its own: the path of a
+    call is remembered per comm)."""
+    r, dup = comm.Get_rank(), comm.Dup()
+    lo, at = sum(counts[:r]), f"{route}"
+    try:
+        with mock.patch.object(ordered, "route", lambda *args: route):
+            for told in (None, held):
+                out = np.full(want.size, 77, want.dtype)
+                mpidp.allreduce_parts(dup, mine, out, addends=sum(held),
+                                      average=True, ordered=True, held=told)
+                assert same_bits(out, want), (at, told)
+                block = np.full(counts[r], 77, want.dtype)
+                mpidp.ireduce_scatter_parts(dup, mine, block, counts, addends=sum(held),
+                                            average=True, ordered=True, held=told).wait()
+                assert same_bits(block, want[lo:lo + counts[r]]), (at, told, "rs")
+    finally:
+        dup.Free()
 
 
 @pytest.mark.mpi(ranks=[3], timeout=120)

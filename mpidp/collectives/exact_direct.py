@@ -24,11 +24,13 @@ Worth it while the addends are few per rank: `takes_direct` says when.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import numpy as np
 
 from .algorithms.blocks import Blocks
 from .algorithms.grids import Grid
-from .algorithms.rounds import Recv, Rounds, Send
+from .algorithms.rounds import Recv, Round, Rounds, Send
 
 CHUNK = 1 << 18  # bytes of each addend summed together: a chunk's words and constants stay cached
 MOST_PER_RANK = 3  # up to 3 addends a rank on average: h + 1 < 4.5 (the words path's bytes)
@@ -70,15 +72,8 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
     """
     n, rank = comm.Get_size(), comm.Get_rank()
     blocks = reduce_scatter if reduce_scatter is not None else Blocks.even(out.size, n)
-    if held is None:  # each rank's number of parts, to every peer
-        counts[rank] = len(parts)
-        yield ([Send(counts[rank:rank + 1], (rank + d) % n) for d in range(1, n)] +
-               [Recv(counts[q:q + 1], q) for q in ((rank - d) % n for d in range(1, n))])
-        held = counts.tolist()
-        if sum(held) != g.addends:
-            by_rank = ", ".join(f"rank {q}: {h}" for q, h in enumerate(held))
-            raise ValueError(f"the ranks hold {sum(held)} parts in all ({by_rank}), "
-                             f"but addends={g.addends}")
+    if held is None:
+        held = yield from swap_held(comm, len(parts), counts, g.addends)
     lo, c = blocks.displs[rank], blocks.counts[rank]
     round_, at = [], 0
     got = [[] for _ in range(n)]  # each rank's addends of my block, its parts in its order
@@ -101,6 +96,22 @@ def direct_rounds(comm, parts, out, g: Grid, gather, s, recv, counts, local,
         local([x[a:b] for x in mine], block[a:b], g, _head(s, b - a), average)
     if reduce_scatter is None and n > 1:
         yield from gather(comm, out, blocks)
+
+
+def swap_held(comm, mine: int, counts, addends: int) -> Generator[Round, None, list[int]]:
+    """Each rank's number of parts, to every peer, in one round (`counts`: N int64);
+    returns them, all ranks', or raises ValueError, on every rank alike, unless they
+    add up to `addends`."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    counts[rank] = mine
+    yield ([Send(counts[rank:rank + 1], (rank + d) % n) for d in range(1, n)] +
+           [Recv(counts[q:q + 1], q) for q in ((rank - d) % n for d in range(1, n))])
+    held = counts.tolist()
+    if sum(held) != addends:
+        by_rank = ", ".join(f"rank {q}: {h}" for q, h in enumerate(held))
+        raise ValueError(f"the ranks hold {sum(held)} parts in all ({by_rank}), "
+                         f"but addends={addends}")
+    return held
 
 
 def direct_items(g: Grid, blocks: Blocks, rank: int, held: int) -> int:

@@ -22,13 +22,21 @@ values follow IEEE: inf + -inf is NaN, a NaN's payload is not kept (the
 canonical quiet NaN), -0.0 only where every addend is -0.0 (and where there are
 none, the exact sum's rule for an empty sum).
 
-The exchange is the exact sum's direct path (exact_direct.py): the ranks swap how
-many parts each holds, block j of every part goes raw to rank j, rank j sums its
-block's addends in rank order (`local_ordered`, a chunk at a time), and the chosen
-all-gather gathers the sums (a reduce-scatter stops before it). Cost (G bytes of
-the dtype, h parts on the busiest rank, A the all-gather's cost):
-(N-1)·α + h·G(N-1)/N·β + A(G) (+ (N-1)·α to swap the counts, unless the caller
-passes them: `held`), and P additions over G/N bytes.
+Two exchanges give these bits; ``algorithm="auto"`` takes the one the comm's cost
+model predicts the faster (`ordered_chain.route`), a named algorithm the first:
+
+- the exact sum's direct path (exact_direct.py): block j of every part goes raw to
+  rank j, rank j sums its block's addends in rank order (`local_ordered`, a chunk at
+  a time), and the chosen all-gather gathers the sums (a reduce-scatter stops before
+  it). Cost (G bytes of the dtype, h parts on the busiest rank, A the all-gather's
+  cost): (N-1)·α + h·G(N-1)/N·β + A(G), and P additions over G/N bytes;
+- the chain (ordered_chain.py): the running sum goes from rank 0 to rank N-1, each
+  rank adding its parts, in segments, and the last rank broadcasts the result. Each
+  rank sends the sum once, however many parts it holds: the path of ranks holding
+  several parts (deterministic DDP's micro-shards).
+
+Either swaps first how many parts each rank holds ((N-1)·α), unless the caller
+passes them (`held`).
 """
 
 from __future__ import annotations
@@ -37,10 +45,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
+from .cost import choose, model
 from .exact import agree_sum, plan_direct
-from .plan import Call, Plan
+from .ordered_chain import Route, chain_rounds, finish, first, route
+from .placement import locate
+from .plan import Call, Plan, Signed, signed
 
 # Not MPI operators, and not names a caller passes: the ops of the ordered sums' signatures
 ORDERED_SUM = Op("ordered_sum", "add", "f")
@@ -66,16 +78,8 @@ def local_ordered(parts, out, n: Count, s: Acc, average: bool = False) -> None:
     if not parts:  # no addends at all: -0.0, the exact sum's rule for an empty sum
         out[...] = -0.0
         return
-    acc = s.y
-    with np.errstate(over="ignore", invalid="ignore"):  # ±inf and NaN: IEEE's, kept
-        np.copyto(acc, parts[0])
-        for x in parts[1:]:
-            np.add(acc, x, out=acc)
-        if average and n.addends > 1:
-            np.true_divide(acc, n.addends, out=acc)
-        np.copyto(out, acc, casting="same_kind")
-    if np.isnan(np.maximum.reduce(out, initial=0)):  # one read: NaN if any item is NaN
-        out[np.isnan(out)] = np.nan  # the canonical quiet NaN, whatever payload came through
+    first(s.y, parts)
+    finish(s.y, out, n.addends, average)
 
 
 def wide(dtype) -> np.dtype:
@@ -84,10 +88,22 @@ def wide(dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
+class Path(NamedTuple):
+    """An ordered sum's path, worked out once per signature (`route`): the chain, its
+    segments, signature and broadcast; or the direct path (`exact.plan_direct`)."""
+
+    route: Route
+    signed: Signed | None = None
+    bcast: object = None  # the registered broadcast (chain, all-reduce)
+
+
 def plan_ordered(call: Call, parts: list, out, average: bool, algorithm: str, addends: int,
                  blocks: Blocks | None = None, by_rank: list[int] | None = None) -> Plan:
     """The plan of an ordered all-reduce (or, with `blocks`, reduce-scatter) of `parts`:
-    the exact sum's direct path (`exact.plan_direct`) with `local_ordered` as its sum.
+    with ``algorithm="auto"`` the chain (ordered_chain.py) or the direct path, whichever
+    the comm's cost model predicts the faster; with an algorithm named, the exact sum's
+    direct path (`exact.plan_direct`, with `local_ordered` as its sum) and that
+    algorithm's all-gather.
 
     Args:
         parts: this rank's addends in order, flat arrays of the vector's size.
@@ -102,10 +118,48 @@ def plan_ordered(call: Call, parts: list, out, average: bool, algorithm: str, ad
     op = ORDERED_AVG if average else ORDERED_SUM
     if call.debug:
         agree_sum(call, out, op, algorithm, addends, blocks, by_rank, len(parts))
+    comm, n = call.comm, call.comm.Get_size()
+    held = [len(parts)] if n == 1 else by_rank
+    rs = blocks is not None
+    count = blocks.total if rs else out.size
+    h = max(held) if held else -(-addends // n)  # the busiest rank's parts (or the average)
+    key = ("ordered", rs, count, blocks and blocks.counts, out.dtype, op.name, algorithm,
+           addends, h)
+    path = call.setup(key, _route, comm, rs, count, out.dtype, op, algorithm, addends, h,
+                      blocks)
+    if not path.route.chain:
+        def acc(pool, items):
+            return Acc(pool.take(np.empty(0, wide(out.dtype)), items))
 
-    def acc(pool, items):
-        return Acc(pool.take(np.empty(0, wide(out.dtype)), items))
+        return plan_direct(call, parts, out, Count(addends), op, algorithm, blocks, held,
+                           local_ordered, acc, "ordered")
+    tag = call.tag(path.signed)
+    bcast = None
+    if path.bcast is not None:
+        bcast = path.bcast.bound(locate(comm, call.state, "bcast", path.bcast.name))
+    pool, last = call.state.pool, comm.Get_rank() == n - 1
+    acc = pool.take(np.empty(0, wide(out.dtype)), count)
+    whole = pool.take(np.empty(0, out.dtype), count if rs and last else 0)
+    counts = pool.take(np.empty(0, np.int64), 0 if held else n)
+    args = (comm, parts, out, addends, acc, Blocks.even(count, path.route.segments), bcast,
+            counts, held, op.divide, blocks, whole)
+    return Plan(call, chain_rounds, args, tag, None, (acc, whole, counts))
 
-    one = call.comm.Get_size() == 1  # (one rank: nothing to swap)
-    return plan_direct(call, parts, out, Count(addends), op, algorithm, blocks,
-                       [len(parts)] if one else by_rank, local_ordered, acc, "ordered")
+
+def _route(comm, rs: bool, count: int, dtype, op: Op, algorithm: str, addends: int, h: int,
+           blocks: Blocks | None) -> Path:
+    """The path of an ordered sum with these arguments (every rank's alike): the chain
+    only where ``auto`` leaves the choice to the model (`ordered_chain.route`)."""
+    n = comm.Get_size()
+    if algorithm != "auto" or n == 1 or count == 0:
+        return Path(Route(False))
+    nbytes = count * dtype.itemsize
+    gather = None if rs else choose(comm, "allgather", nbytes, "auto")
+    bcast = None if rs else choose(comm, "bcast", nbytes, "auto")
+    r = route(model(comm), n, count, dtype.itemsize, wide(dtype).itemsize, addends, h,
+              gather, bcast)
+    if not r.chain:
+        return Path(r)
+    collective = "reduce_scatter" if rs else "allreduce"
+    return Path(r, signed(collective, (blocks.counts if rs else count, addends), dtype, op,
+                          f"chain+{bcast or 'none'}"), bcast and entry("bcast", bcast))
