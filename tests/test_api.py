@@ -48,6 +48,10 @@ def forms(comm):
             comm, [x], y, addends=1, algorithm=a)),
         "ireduce_scatter_parts": both(lambda a: lambda: mpidp.ireduce_scatter_parts(
             comm, [x], y, [4], addends=1, algorithm=a)),
+        "allreduce_parts_init": both(lambda a: lambda: mpidp.allreduce_parts_init(
+            comm, [x], y, addends=1, algorithm=a, ordered=True)),
+        "reduce_scatter_parts_init": both(lambda a: lambda: mpidp.reduce_scatter_parts_init(
+            comm, [x], y, [4], addends=1, algorithm=a)),
         "Comm.Allreduce": both(lambda a: lambda: c.Allreduce(x, y, algorithm=a)),
         "Comm.Iallreduce": both(lambda a: lambda: c.Iallreduce(x, y, algorithm=a)),
         "Comm.Allreduce_init": both(lambda a: lambda: c.Allreduce_init(x, y, algorithm=a)),

@@ -39,6 +39,7 @@ from mpidp.training import (
     determinism,
     softmax_cross_entropy,
 )
+from mpidp.training.buckets import Bucket
 from mpidp.training.checkpoint import read
 
 SIZES = [10, 16, 12, 5]  # 3 layers: 3 buckets with bucket_mb=0, more with a small cap
@@ -222,6 +223,59 @@ def test_n_ranks_equal_one_rank_bitwise_after_every_step(mpi_ranks):
 
 
 # ------------------------------------------------------------------ the refusals
+
+
+def test_a_bucket_s_ordered_sum_is_planned_once_for_the_same_arrays_and_anew_for_others(
+        monkeypatch):
+    """`average_parts` plans a bucket's sum once where its parts are the same arrays at
+    every step (b.flat, after `part_grads`' buffers), and anew where they or `out` are
+    others (another K's buffers, none); `keep_apart`'s copies, a bucket that is not
+    fixed, or a step with ranks joined are planned at each launch. Every result is the
+    plain ordered average's on the same values, the persistent one's included."""
+    made = {"allreduce": 0, "reduce_scatter": 0}
+
+    def counting(name, real):
+        def init(*args, **kw):
+            made[name] += 1
+            return real(*args, **kw)
+        return init
+
+    for name in made:
+        attr = f"{name}_parts_init"
+        monkeypatch.setattr(mpidp.collectives, attr,
+                            counting(name, getattr(mpidp.collectives, attr)))
+    comm, rng = MPI.COMM_SELF.Dup(), np.random.default_rng(3)
+    flat = np.empty(50)
+    b = Bucket(0, [0], ["w"], flat)
+    four, two = [np.empty(50) for _ in range(3)], [np.empty(50)]
+
+    def step(spares, parts=None, rs=False, out=None, **kw):
+        b.spares, b.parts = spares, list(spares if parts is None else parts)
+        for x in [*b.parts, flat]:
+            x[...] = rng.standard_normal(50) * 10.0 ** rng.integers(-8, 8, 50)
+        want = np.empty(50)
+        mpidp.allreduce_parts(comm, [*b.parts, flat], want, addends=len(b.parts) + 1,
+                              average=True, ordered=True)
+        if out is None:  # in place; ZeRO's out: a new view of the block each step
+            out = flat[:50] if rs else flat
+        determinism.average_parts(comm, b, out, "auto", [50] if rs else None, **kw).wait()
+        assert np.array_equal(out, want)
+        return made["allreduce"], made["reduce_scatter"]
+
+    assert step(four, fixed=True) == (1, 0)
+    assert step(four, fixed=True) == (1, 0)  # the same arrays: started again
+    assert step(two, fixed=True) == (2, 0)  # another K's buffers: planned anew
+    assert step(two, [np.empty(50)], fixed=True) == (2, 0)  # keep_apart's copies
+    assert step(two, fixed=True) == (2, 0)
+    assert step(two, fixed=True, out=np.empty(50)) == (3, 0)  # another out: planned anew
+    assert step(two, fixed=True) == (4, 0)
+    assert step((), fixed=True) == (5, 0)  # one part, b.flat alone
+    assert step((), fixed=False) == (5, 0)  # b.flat made by each backward (ZeRO 2, 3)
+    assert step((), fixed=True, uneven=(1, True)) == (5, 0)  # ranks joined
+    assert step(two, rs=True, fixed=True) == (5, 1)
+    assert step(two, rs=True, fixed=True) == (5, 1)
+    b.plan.Free()
+    comm.Free()
 
 
 def test_the_micro_batch_must_divide_every_ranks_batch():

@@ -302,6 +302,8 @@ def every_form_equals_the_fold(comm):
             held = [P // N + (q < P % N) for q in range(N)]
             mine = cut(seq, held)[r]
             want = oracle(seq, dtype, average=True)
+            seq2 = hard(count, P, dtype, seed=N * 10 + count % 7 + 1)  # a persistent's 2nd start
+            later = cut(seq2, held)[r], oracle(seq2, dtype, average=True)
             for algorithm in ("auto", *mpidp.ALGORITHMS["allreduce"]):
                 out = np.full(count, 77, dtype)
                 mpidp.iallreduce_parts(comm, mine, out, addends=P, algorithm=algorithm,
@@ -318,11 +320,21 @@ def every_form_equals_the_fold(comm):
                                         ordered=True, held=held).wait()
             assert same_bits(block, want[lo:lo + counts[r]]), (dtype, count, "rs")
             for route in (Route(True, 1), Route(True, 3), Route(False)):  # each path forced
-                both_paths_give_the_fold(comm, route, mine, want, held, counts)
+                both_paths_give_the_fold(comm, route, (mine, want), later, held, counts)
             exact, told = np.empty(count, dtype), np.empty(count, dtype)  # the exact sum:
             mpidp.allreduce_parts(comm, mine, exact, addends=P)  # `held` skips a round only
             mpidp.allreduce_parts(comm, mine, told, addends=P, held=held)
             assert same_bits(told, exact), (dtype, count, "exact, held")
+            bufs = [np.empty_like(x) for x in mine]  # the exact sum, persistent: each start
+            req = mpidp.allreduce_parts_init(comm, bufs, told, addends=P)  # sums them anew
+            for src in (later[0], mine):
+                for b, x in zip(bufs, src, strict=True):
+                    b[...] = x
+                req.Start()
+                req.Wait()
+                mpidp.allreduce_parts(comm, src, exact, addends=P)
+                assert same_bits(told, exact), (dtype, count, "exact, persistent")
+            req.Free()
     if N == 2:
         x = hard(1001, 2, np.float32, seed=5)[r]
         native, out = np.empty_like(x), np.empty_like(x)
@@ -331,12 +343,13 @@ def every_form_equals_the_fold(comm):
         assert same_bits(out, native)
 
 
-def both_paths_give_the_fold(comm, route, mine, want, held, counts):
+def both_paths_give_the_fold(comm, route, first, later, held, counts):
     """``auto``'s all-reduce and reduce-scatter, counts swapped or passed, on the path
     `route` names, whatever the model would pick (on a comm of its own: the path of a
-    call is remembered per comm)."""
+    call is remembered per comm); persistent, started on `first` (this rank's parts,
+    the fold), then on `later`'s, in the same buffers."""
     r, dup = comm.Get_rank(), comm.Dup()
-    lo, at = sum(counts[:r]), f"{route}"
+    (mine, want), lo, at = first, sum(counts[:r]), f"{route}"
     try:
         with mock.patch.object(ordered, "route", lambda *args: route):
             for told in (None, held):
@@ -348,6 +361,20 @@ def both_paths_give_the_fold(comm, route, mine, want, held, counts):
                 mpidp.ireduce_scatter_parts(dup, mine, block, counts, addends=sum(held),
                                             average=True, ordered=True, held=told).wait()
                 assert same_bits(block, want[lo:lo + counts[r]]), (at, told, "rs")
+            bufs = [np.empty_like(x) for x in mine]
+            kw = {"addends": sum(held), "average": True, "ordered": True}
+            reqs = (mpidp.allreduce_parts_init(dup, bufs, out, **kw),
+                    mpidp.reduce_scatter_parts_init(dup, bufs, block, counts, held=held, **kw))
+            for src, fold in (first, later):
+                for b, x in zip(bufs, src, strict=True):
+                    b[...] = x
+                for req in reqs:
+                    req.Start()
+                    req.Wait()
+                assert same_bits(out, fold), (at, "persistent")
+                assert same_bits(block, fold[lo:lo + counts[r]]), (at, "persistent rs")
+            for req in reqs:
+                req.Free()
     finally:
         dup.Free()
 

@@ -13,6 +13,7 @@ from .api import (
     allreduce,
     allreduce_init,
     allreduce_parts,
+    allreduce_parts_init,
     bcast,
     bcast_init,
     check_algorithm,
@@ -25,6 +26,7 @@ from .api import (
     reduce_scatter,
     reduce_scatter_block_init,
     reduce_scatter_init,
+    reduce_scatter_parts_init,
     sum_parts,
 )
 from .checks import check_buffer
@@ -37,11 +39,12 @@ from .mpiops import resolve_op
 from .persistent import Persistent
 
 __all__ = [
-    "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "EXACT_AVG", "EXACT_SUM", "Handle",
-    "IN_PLACE", "MAX", "MIN", "OPS", "Op", "PROD", "Persistent", "Request", "SUM",
-    "ScratchPool", "TAG_BASE", "allgather", "allgather_init", "allgatherv_init", "allreduce",
-    "allreduce_init", "allreduce_parts", "as_host", "bcast", "bcast_init", "check_algorithm",
-    "check_buffer", "duplicate", "iallgather", "iallreduce", "iallreduce_parts", "ibcast",
-    "ireduce_scatter", "ireduce_scatter_parts", "reduce_scatter", "reduce_scatter_block_init",
-    "reduce_scatter_init", "resolve_op", "sum_parts", "testall", "waitall",
+    "ALGORITHMS", "AVG", "Blocks", "Comm", "CountingComm", "EXACT_AVG", "EXACT_SUM",
+    "Handle", "IN_PLACE", "MAX", "MIN", "OPS", "Op", "PROD", "Persistent", "Request", "SUM",
+    "ScratchPool", "TAG_BASE", "allgather", "allgather_init", "allgatherv_init",
+    "allreduce", "allreduce_init", "allreduce_parts", "allreduce_parts_init", "as_host",
+    "bcast", "bcast_init", "check_algorithm", "check_buffer", "duplicate", "iallgather",
+    "iallreduce", "iallreduce_parts", "ibcast", "ireduce_scatter", "ireduce_scatter_parts",
+    "reduce_scatter", "reduce_scatter_block_init", "reduce_scatter_init",
+    "reduce_scatter_parts_init", "resolve_op", "sum_parts", "testall", "waitall",
 ]

@@ -4,8 +4,8 @@
     iallreduce(comm, sendbuf, recvbuf, op, algorithm)      -> Request (test(), wait())
     allreduce_init(comm, sendbuf, recvbuf, op, algorithm)  -> Persistent (Start(), Wait())
 
-and the same for reduce-scatter, all-gather and broadcast, and the exact sums of
-parts. Each is one line: `plan.planned` makes the collective's plan (`plans`,
+and the same for reduce-scatter, all-gather and broadcast, and the exact (or
+ordered) sums of parts. Each is one line: `plan.planned` makes the collective's plan (`plans`,
 `exact`: the checks, the algorithm, the buffers, the tag), then the plan runs
 (`Plan.run`), starts (`Plan.start`) or is kept for many starts (`Persistent`).
 The blocking all-reduce, all-gather and broadcast first ask `blocking` to replay a
@@ -198,6 +198,16 @@ def allreduce_parts(comm, parts, out, *, addends: int, algorithm: str = "auto",
             **kw).run()
 
 
+def allreduce_parts_init(comm, parts, out, *, addends: int, algorithm: str = "auto",
+                         average: bool = False, ordered: bool = False, held=None,
+                         **kw) -> Persistent:
+    """A persistent `iallreduce_parts`: checked and planned once (the path, the scratch,
+    the tag), then ``req.Start()``, ``req.Wait()`` as often as needed, each start summing
+    what the parts hold then. The parts and `out` stay the arrays it was made with."""
+    return Persistent(planned(plan_parts, comm, parts, out, addends, algorithm, average,
+                              ordered, held, persistent=True, **kw))
+
+
 def sum_parts(parts, out, *, average: bool = False, ordered: bool = False) -> None:
     """The local exact (or ordered) sum of `parts` into `out`: `allreduce_parts` on
     ``MPI.COMM_SELF``."""
@@ -218,3 +228,11 @@ def ireduce_scatter_parts(comm, parts, out, counts, *, addends: int, algorithm: 
     """
     return planned(plan_parts_rs, comm, parts, out, counts, addends, algorithm, average,
                    ordered, held, **kw).start()
+
+
+def reduce_scatter_parts_init(comm, parts, out, counts, *, addends: int,
+                              algorithm: str = "auto", average: bool = False,
+                              ordered: bool = False, held=None, **kw) -> Persistent:
+    """A persistent `ireduce_scatter_parts`, as `allreduce_parts_init` is `iallreduce_parts`'s."""
+    return Persistent(planned(plan_parts_rs, comm, parts, out, counts, addends, algorithm,
+                              average, ordered, held, persistent=True, **kw))

@@ -40,11 +40,12 @@ SEGMENT = 4096  # bytes of a segment at least: shorter ones cost more rounds tha
 
 def first(acc, parts) -> None:
     """acc = the left fold of `parts` (rank 0: the sum starts here), -0.0 if there are none."""
-    if not parts:
-        acc[...] = -0.0
+    if len(parts) < 2:
+        np.copyto(acc, parts[0] if parts else -0.0)
         return
-    np.copyto(acc, parts[0])
-    add(acc, parts[1:])
+    with np.errstate(over="ignore", invalid="ignore"):  # (in acc's dtype: float16's in float32)
+        np.add(parts[0], parts[1], out=acc, dtype=acc.dtype)
+    add(acc, parts[2:])
 
 
 def add(acc, parts) -> None:
@@ -57,14 +58,16 @@ def add(acc, parts) -> None:
 def finish(acc, out, addends: int, average: bool) -> None:
     """out = acc (divided by `addends` for the average) in out's dtype, rounded there once,
     its NaNs the canonical quiet NaN whatever payload came through."""
+    into = out if out.dtype == acc.dtype else acc  # divided in acc's dtype, then rounded
     with np.errstate(over="ignore", invalid="ignore"):
-        if average and addends > 1 and out.dtype == acc.dtype:  # one pass
-            np.true_divide(acc, addends, out=out)
-        elif average and addends > 1:  # divided in acc's dtype, then rounded to out's
-            np.true_divide(acc, addends, out=acc)
-            np.copyto(out, acc, casting="same_kind")
+        if not average or addends < 2:
+            into = acc
+        elif addends & (addends - 1) == 0:  # P a power of two: x * (1/P) is x / P exactly
+            np.multiply(acc, 1.0 / addends, out=into)  # (one rounding of the same number)
         else:
-            np.copyto(out, acc, casting="same_kind")
+            np.true_divide(acc, addends, out=into)
+        if into is not out:
+            np.copyto(out, into, casting="same_kind")
     if np.isnan(np.maximum.reduce(out, initial=0)):  # one read: NaN if any item is NaN
         out[np.isnan(out)] = np.nan
 

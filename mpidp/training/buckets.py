@@ -26,7 +26,8 @@ from .. import collectives as mp
 class Bucket:
     """Units whose gradients share one flat buffer and one reduction."""
 
-    __slots__ = ("index", "units", "names", "flat", "pending", "plan", "request", "parts")
+    __slots__ = ("index", "units", "names", "flat", "pending", "plan", "request", "parts",
+                 "spares", "planned_for")
 
     def __init__(self, index: int, units: list[int], names: list[str], flat):
         self.index, self.units, self.names, self.flat = index, units, names, flat
@@ -34,6 +35,8 @@ class Bucket:
         self.plan = None  # its persistent reduction (mpidp.allreduce_init), made once
         self.request = None  # this backward's `Reduction`, once something of it started
         self.parts = []  # deterministic mode: the earlier micro-shards' gradients, kept
+        self.spares = ()  # ... side by side: the fixed buffers of the first K - 1 (part_grads)
+        self.planned_for = None  # ... the parts and result `plan` sums (average_parts)
 
 
 class Reduction:

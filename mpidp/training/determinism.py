@@ -126,6 +126,7 @@ def part_grads(buckets, grads, k: int, spare: dict) -> list[dict]:
     made, views = spare[key]
     for b, new in zip(buckets, made, strict=True):
         b.parts.extend(new)
+        b.spares = new
     return views
 
 
@@ -174,13 +175,19 @@ class SideBySide:
         return sum(a.nbytes for made, _ in self.kept.values() for new in made for a in new)
 
 
-def average_parts(comm, b, out, algorithm: str, counts=None, uneven=None):
+def average_parts(comm, b, out, algorithm: str, counts=None, uneven=None,
+                  fixed: bool = False):
     """Start the ordered average of bucket b's parts and its gradients, all ranks', into
     `out`: rank 0's micro-shards in order, then rank 1's, ... (one rank: all of them).
 
     ``counts``: reduce-scatter it instead (ZeRO), rank r's block into its `out`.
     ``uneven``: under `DataParallel.join()` with ranks joined, (the addends of the ranks
     that trained, whether I did): a joined rank brings no addends (`join.py`).
+    ``fixed``: b.flat is the same array at every step (stage 0, ZeRO 1).
+
+    Where the parts are then the same arrays at every step (b.flat, after the side-by-side
+    buffers of `part_grads` if any), the sum is planned once (`persistent`); other parts
+    are new arrays at each step (`keep_apart`'s copies), planned at each launch.
     """
     parts = [*b.parts, b.flat]
     # every rank runs as many micro-shards (one that ran another number passes other
@@ -193,6 +200,37 @@ def average_parts(comm, b, out, algorithm: str, counts=None, uneven=None):
         parts = parts if trained else []
     kw = {"addends": addends, "algorithm": algorithm, "average": True, "ordered": True,
           "held": held}
+    if fixed and uneven is None and (not b.parts or _same(b.parts, b.spares)):
+        return persistent(comm, b, parts, out, counts, kw)
     if counts is None:
         return mp.iallreduce_parts(comm, parts, out, **kw)
     return mp.ireduce_scatter_parts(comm, parts, out, counts, **kw)
+
+
+def persistent(comm, b, parts, out, counts, kw):
+    """Start bucket b's ordered sum planned once (``b.plan``, `mp.allreduce_parts_init`),
+    planned anew (the old one freed) where its parts or `out` are not the arrays it sums.
+
+    Every rank makes and frees its plans at the same steps: the parts are `part_grads`'
+    buffers, kept by (parts before, K) alike on every rank, and compared by identity
+    with the arrays the plan holds (alive, so no new array takes their place); b.flat
+    is fixed."""
+    at = (out.ctypes.data, out.size, out.dtype)  # ZeRO's out: a new view of the same block
+    if b.plan is None or b.planned_for is None or b.planned_for[1] != at or not _same(
+            b.planned_for[0], parts):
+        if b.plan is not None:
+            b.plan.Free()
+            b.plan = None
+        if counts is None:
+            b.plan = mp.allreduce_parts_init(comm, parts, out, **kw)
+        else:
+            b.plan = mp.reduce_scatter_parts_init(comm, parts, out, counts, **kw)
+        b.planned_for = (parts, at)
+    b.plan.Start()
+    return b.plan.request
+
+
+def _same(arrays, others) -> bool:
+    """The same arrays (not equal ones) in the same order."""
+    return len(arrays) == len(others) and all(x is y for x, y in zip(arrays, others,
+                                                                        strict=True))

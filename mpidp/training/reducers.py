@@ -79,7 +79,7 @@ class AllReduce:
             self.row_stops, self.pieces, self.across = pieces.cut(
                 model, comm, buckets, piece_mb, algorithm, overlap)
         for b in buckets:  # planned once: each step only starts them
-            # (deterministic: the ordered sum of a step's parts, planned at each launch;
+            # (deterministic: the ordered sum of a step's parts, `average_parts`;
             # buckets in pieces go piece by piece, never whole)
             if not deterministic and b.index not in self.pieces:
                 b.plan = mp.allreduce_init(comm, mp.IN_PLACE, b.flat, op=mp.AVG,
@@ -95,7 +95,7 @@ class AllReduce:
             return pieces.reduction(self.pieces[b.index])
         if self.deterministic:
             return Reduction([lambda: average_parts(self.comm, b, b.flat, self.algorithm,
-                                                    uneven=self.uneven)])
+                                                    uneven=self.uneven, fixed=True)])
         return Reduction([lambda: self._start(b)])
 
     def _start(self, b: Bucket):

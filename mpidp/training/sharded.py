@@ -58,7 +58,7 @@ class ReduceScatter:
             model.grads.update(layout.views(flat_grads))
             for b, (start, stop) in zip(buckets, layout.ranges, strict=True):
                 b.flat = flat_grads[start:stop]  # fixed: its reduce-scatter is planned once
-                if not deterministic:  # the ordered sum of a step's parts: planned at each launch
+                if not deterministic:  # (deterministic: the ordered sum, `average_parts`)
                     b.plan = mp.reduce_scatter_init(comm, mp.IN_PLACE, b.flat,
                                                     layout.blocks[b.index].counts, op=mp.AVG,
                                                     algorithm=algorithm["reduce_scatter"])
@@ -98,7 +98,8 @@ class ReduceScatter:
         counts = self.layout.blocks[b.index].counts
         if self.deterministic:  # my block at the bucket's front, as the in-place call's
             return average_parts(self.comm, b, b.flat[:counts[self.comm.Get_rank()]],
-                                 self.algorithm["reduce_scatter"], counts, self.uneven)
+                                 self.algorithm["reduce_scatter"], counts, self.uneven,
+                                 fixed=self.zero == 1)
         if b.plan is not None:  # stage 1
             b.plan.Start()
             return b.plan.request
