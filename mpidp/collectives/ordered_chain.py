@@ -139,8 +139,9 @@ def route(m: Model, n: int, count: int, itemsize: int, wide: int, addends: int, 
         chain  = (N-2+S)·(α + W·β/S) + (N-1+S)·h·G·γ/S + B(G)
 
     Measured on 2 ranks (docs/benchmarks-notes.md) the choice was right at 4 KiB and
-    1-4 MiB, with 1, 2 and 4 parts a rank, and wrong (the direct path taken, 15% slower)
-    at 69 KB with 2 parts a rank.
+    69 KB with 4 parts a rank, wrong at 69 KB with 2 (the direct path taken, 15% slower),
+    and a coin toss at 4 MiB with 4 (the chain 15% faster in one session, 20% slower in
+    the next).
 
     Args:
         count, itemsize, wide: the vector's items, the dtype's bytes and the sum's.
