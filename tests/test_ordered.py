@@ -20,7 +20,7 @@ from helpers.subcomms import on_each_size
 from mpi4py import MPI
 
 import mpidp
-from mpidp.collectives import ordered, ordered_chain
+from mpidp.collectives import cost, ordered, ordered_chain
 from mpidp.collectives.algorithms import entry
 from mpidp.collectives.algorithms.blocks import Blocks
 from mpidp.collectives.exact import GATHER_FOR
@@ -349,6 +349,7 @@ def both_paths_give_the_fold(comm, route, first, later, held, counts):
     call is remembered per comm); persistent, started on `first` (this rank's parts,
     the fold), then on `later`'s, in the same buffers."""
     r, dup = comm.Get_rank(), comm.Dup()
+    cost.set_model(dup, *cost.DEFAULT)  # (not calibrated again for each comm: seconds on 8)
     (mine, want), lo, at = first, sum(counts[:r]), f"{route}"
     try:
         with mock.patch.object(ordered, "route", lambda *args: route):
