@@ -93,6 +93,11 @@ def test_addends_must_be_a_whole_number(bad):
         mpidp.allreduce_parts(MPI.COMM_SELF, [x, x, x], np.empty(4), addends=bad)
     with pytest.raises(TypeError, match="addends must be a whole number"):
         mpidp.iallreduce_parts(MPI.COMM_SELF, [x, x, x], np.empty(4), addends=bad)
+    with pytest.raises(TypeError, match="addends must be a whole number"):
+        mpidp.allreduce_parts_init(MPI.COMM_SELF, [x, x, x], np.empty(4), addends=bad)
+    with pytest.raises(TypeError, match="addends must be a whole number"):
+        mpidp.reduce_scatter_parts_init(MPI.COMM_SELF, [x, x, x], np.empty(4), [4],
+                                        addends=bad, ordered=True)
 
 
 def test_addends_that_a_rank_can_see_are_wrong_are_refused():
