@@ -33,6 +33,7 @@ class Bucket:
         self.index, self.units, self.names, self.flat = index, units, names, flat
         self.pending = len(units)  # units not done yet in this backward
         self.plan = None  # its persistent reduction (mpidp.allreduce_init), made once
+        # (deterministic: its ordered sum's, `determinism.persistent`, made anew if need be)
         self.request = None  # this backward's `Reduction`, once something of it started
         self.parts = []  # deterministic mode: the earlier micro-shards' gradients, kept
         self.spares = ()  # ... side by side: the fixed buffers of the first K - 1 (part_grads)

@@ -211,10 +211,10 @@ def persistent(comm, b, parts, out, counts, kw):
     """Start bucket b's ordered sum planned once (``b.plan``, `mp.allreduce_parts_init`),
     planned anew (the old one freed) where its parts or `out` are not the arrays it sums.
 
-    Every rank makes and frees its plans at the same steps: the parts are `part_grads`'
-    buffers, kept by (parts before, K) alike on every rank, and compared by identity
-    with the arrays the plan holds (alive, so no new array takes their place); b.flat
-    is fixed."""
+    Every rank makes and frees its plans at the same steps (a plan made takes a number
+    of the comm's sequence): the parts are b.flat, fixed, after `part_grads`' buffers,
+    kept by (parts before, K) alike on every rank, and compared by identity with the
+    arrays the plan holds (alive, so no new array takes their place)."""
     at = (out.ctypes.data, out.size, out.dtype)  # ZeRO's out: a new view of the same block
     if b.plan is None or b.planned_for is None or b.planned_for[1] != at or not _same(
             b.planned_for[0], parts):
