@@ -23,13 +23,13 @@ canonical quiet NaN), -0.0 only where every addend is -0.0 (and where there are
 none, the exact sum's rule for an empty sum).
 
 Two exchanges give these bits; ``algorithm="auto"`` takes the one the comm's cost
-model predicts the faster (`ordered_chain.route`), a named algorithm the first:
+model predicts the faster (`ordered_chain.route`), a named algorithm the direct path:
 
 - the exact sum's direct path (exact_direct.py): block j of every part goes raw to
   rank j, rank j sums its block's addends in rank order (`local_ordered`, a chunk at
   a time), and the chosen all-gather gathers the sums (a reduce-scatter stops before
   it). Cost (G bytes of the dtype, h parts on the busiest rank, A the all-gather's
-  cost): (N-1)·α + h·G(N-1)/N·β + A(G), and P additions over G/N bytes;
+  cost): h(N-1)·α + h·G(N-1)/N·β + A(G), and P additions over G/N bytes;
 - the chain (ordered_chain.py): the running sum goes from rank 0 to rank N-1, each
   rank adding its parts, in segments, and the last rank broadcasts the result. Each
   rank sends the sum once, however many parts it holds: the path of ranks holding

@@ -216,11 +216,11 @@ def persistent(comm, b, parts, out, counts, kw):
     kept by (parts before, K) alike on every rank, and compared by identity with the
     arrays the plan holds (alive, so no new array takes their place)."""
     at = (out.ctypes.data, out.size, out.dtype)  # ZeRO's out: a new view of the same block
-    if b.plan is None or b.planned_for is None or b.planned_for[1] != at or not _same(
-            b.planned_for[0], parts):
+    made = b.planned_for  # (the parts, out's place) of b.plan; None: no plan yet
+    if made is None or made[1] != at or not _same(made[0], parts):
         if b.plan is not None:
             b.plan.Free()
-            b.plan = None
+            b.plan = b.planned_for = None  # (if planning raises: nothing left to free)
         if counts is None:
             b.plan = mp.allreduce_parts_init(comm, parts, out, **kw)
         else:
