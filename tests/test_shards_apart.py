@@ -24,6 +24,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from mpidp.training import GPT, MLP, Adam, DataParallel, softmax_cross_entropy
+from mpidp.training.determinism import PartGrads
 from mpidp.training.gpt import token_cross_entropy
 
 V, T = 23, 8  # the GPT's vocabulary, context
@@ -74,6 +75,45 @@ def test_a_backward_of_k_shards_writes_each_shards_gradient_bitwise(kind, dtype,
     for s, got in enumerate([*parts, model.grads]):
         for name in model.grads:
             assert np.array_equal(got[name], want[s][name]), (s, name)
+
+
+@pytest.mark.parametrize("widths", [WIDTHS, [64, 128, 64, 10]])  # the MLP trainer's too
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k", [2, 4, 5])
+def test_parts_that_are_rows_of_one_array_are_written_by_one_product_with_the_same_bits(
+        widths, dtype, k):
+    """`part_grads` lays the K - 1 parts out as rows of one array (``stacked``), and the
+    MLP writes them with one batched product: written, and added to (``accumulate``),
+    each shard's gradients bitwise a backward of it alone."""
+    model = MLP(widths, dtype=dtype, seed=2)
+    rng = np.random.default_rng(k)
+    x, y = rng.standard_normal((8 * k, widths[0])).astype(dtype), rng.integers(0, widths[-1], 8 * k)
+    start = {n: rng.standard_normal(g.shape).astype(dtype) for n, g in model.grads.items()}
+    want = {False: [], True: []}
+    for s in range(k):  # the oracle: one forward and backward per shard, alone
+        rows = slice(s * 8, (s + 1) * 8)
+        for accumulate in (False, True):
+            for n, g in model.grads.items():
+                g[...] = start[n]
+            logits = model.forward(x[rows].copy())
+            model.backward(loss("mlp", logits, y[rows])[1], accumulate=accumulate)
+            want[accumulate].append({n: g.copy() for n, g in model.grads.items()})
+    sizes = {n: g.size for n, g in model.grads.items()}
+    for accumulate in (False, True):
+        rows = np.zeros((k - 1, sum(sizes.values()) + 3), dtype)  # rows of one array
+        at = np.cumsum([0, *sizes.values()])
+        stacked = {n: rows[:, a:a + g.size].reshape(k - 1, *g.shape)
+                   for (n, g), a in zip(model.grads.items(), at, strict=False)}
+        parts = PartGrads([{n: v[j] for n, v in stacked.items()} for j in range(k - 1)],
+                          stacked)
+        for n, g in model.grads.items():
+            g[...] = start[n]
+            stacked[n][...] = start[n]
+        _, dlogits = loss("mlp", model.forward(x, micro_batches=k), y, k)
+        model.backward(dlogits, part_grads=parts, accumulate=accumulate)
+        for s, got in enumerate([*parts, model.grads]):
+            for name in model.grads:
+                assert np.array_equal(got[name], want[accumulate][s][name]), (s, name)
 
 
 def test_the_loss_of_k_shards_is_their_mean_and_its_gradient_each_shards():

@@ -101,28 +101,42 @@ def keep_apart(buckets, synced: bool) -> None:
             b.parts.append(b.flat.copy())
 
 
-def part_grads(buckets, grads, k: int, spare: dict) -> list[dict]:
+class PartGrads(list):
+    """`part_grads`' K - 1 dicts, and ``stacked``: name -> one (K - 1, *shape) view whose
+    [k] is the k-th dict's array (the parts are rows of one array), for a backward that
+    writes them all with one batched product (`protocol.py`)."""
+
+    def __init__(self, dicts, stacked: dict):
+        super().__init__(dicts)
+        self.stacked = stacked
+
+
+def part_grads(buckets, grads, k: int, spare: dict) -> PartGrads:
     """K - 1 more parts for each bucket, kept after its earlier ones (``b.parts``), and the
     K - 1 dicts of views into them, each laid out as ``grads`` is in the bucket: where a
-    backward of K micro-shards writes the first K - 1 shards' gradients.
+    backward of K micro-shards writes the first K - 1 shards' gradients. A bucket's K - 1
+    parts are the rows of one array (``stacked``: each gradient's K - 1 views as one).
 
     `spare` keeps them, by (parts already kept, K), for the next step's backward: the
     buckets' buffers are fixed (stage 0, ZeRO 1), and a step's exact sums are done before
     the next step's backward writes (no_sync()'s earlier parts take other keys)."""
     key = (len(buckets[0].parts), k) if buckets else (0, k)
     if key not in spare:
-        views, made = [{} for _ in range(k - 1)], []
+        made, stacked = [], {}
         for b in buckets:
-            made.append([np.zeros_like(b.flat) for _ in range(k - 1)])  # gaps: 0
+            rows = np.zeros((k - 1, b.flat.size), b.flat.dtype)  # gaps: 0
+            made.append(list(rows))  # the parts
             for name in b.names:
                 g = grads[name]
                 at = (g.ctypes.data - b.flat.ctypes.data) // g.itemsize  # where in the bucket
                 if not 0 <= at <= b.flat.size - g.size:  # a gradient not in its bucket
                     raise RuntimeError(f"part_grads: {name}'s gradient is not a view of "
                                        f"bucket {b.index}'s buffer")
-                for part, view in zip(made[-1], views, strict=True):
-                    view[name] = part[at:at + g.size].reshape(g.shape)
-        spare[key] = made, views
+                stacked[name] = rows[:, at:at + g.size].reshape(k - 1, *g.shape)  # a view
+                if not np.shares_memory(stacked[name], rows):  # (reshape may copy)
+                    raise RuntimeError(f"part_grads: {name}'s parts are not views")
+        views = [{name: s[j] for name, s in stacked.items()} for j in range(k - 1)]
+        spare[key] = made, PartGrads(views, stacked)
     made, views = spare[key]
     for b, new in zip(buckets, made, strict=True):
         b.parts.extend(new)

@@ -59,19 +59,28 @@ def linear_backward(dout, cache, dW, db, accumulate: bool = False, need_dx: bool
 
     Args:
         dout: (B, out) gradient of the loss with respect to the layer's output.
-        dW, db: (in, out) and (out,) arrays the gradients are written into.
+        dW, db: (in, out), (out,) arrays written into; side by side (K, B/K, ·) tuples, in
+            order, of one micro-batch's or a run of n's: (n, in, out), (n, out) (`_apart`).
     """
-    x, W = cache  # (B, in), (in, out); side by side (K, B/K, in): dW, db a tuple of K each
-    apart = zip(x, dout, dW, db, strict=True) if isinstance(dW, tuple) else [(x, dout, dW, db)]
-    for x, d, dW, db in apart:
+    x, W = cache  # (B, in), (in, out)
+    runs, lo = [], 0  # side by side: (x, dout, dW, db) of micro-batch lo, or a run from lo
+    for w, b in zip(dW, db, strict=True) if isinstance(dW, tuple) else ():
+        at = lo if w.ndim == 2 else slice(lo, lo + len(w))  # a run: (n, in), (n, out)
+        runs.append((x[at], dout[at], w, b))
+        lo += 1 if w.ndim == 2 else len(w)
+    if not runs:
+        runs = [(x, dout, dW, db)]
+    elif lo != len(x):
+        raise ValueError(f"side by side: gradients for {lo} micro-batches, {len(x)} ran")
+    for x, d, dW, db in runs:  # a run is one batched product: the GEMM of each alone
         if accumulate:
-            dW += x.T @ d  # (in, out)
-            db += d.sum(axis=0)  # (out,)
+            dW += x.swapaxes(-1, -2) @ d  # (in, out)
+            db += d.sum(axis=-2)  # (out,)
         else:
             # matmul, not x.T.dot(dout, out=dW): with OpenBLAS, dot() into an out= is slower
             # (docs/overlap.md)
-            xp_of(d).matmul(x.T, d, out=dW)  # (in, out), straight into the bucket view
-            d.sum(axis=0, out=db)  # (out,)
+            xp_of(d).matmul(x.swapaxes(-1, -2), d, out=dW)  # (in, out), into the bucket view
+            d.sum(axis=-2, out=db)  # (out,)
     return dout @ W.T if need_dx else None  # (B, in); side by side (K, B/K, in)
 
 
@@ -185,8 +194,7 @@ class MLP:
             raise ValueError(f"sizes must be >= 2 positive widths, got {sizes}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}")
-        self.sizes = [int(s) for s in sizes]
-        self.activation = activation
+        self.sizes, self.activation = [int(s) for s in sizes], activation
         self.dtype = np.dtype(dtype)
         self.xp = device_module(device)
         self.layers = len(sizes) - 1
@@ -263,8 +271,7 @@ class MLP:
             if act_cache is not None:
                 dout = act_backward(dout, act_cache)  # (B, D_i)
             dW, db = (self.grads[f"W{i}"], self.grads[f"b{i}"]) if K == 1 else (
-                tuple(g[f"W{i}"] for g in [*part_grads, self.grads]),
-                tuple(g[f"b{i}"] for g in [*part_grads, self.grads]))
+                self._apart(f"W{i}", part_grads), self._apart(f"b{i}", part_grads))
             lin_cache = (x_in, self.params[f"W{i}"])  # (B, in), (in, out)
             if row_stops and i in row_stops:
                 rows = None if on_rows is None else (lambda stop, i=i: on_rows(i, stop))
@@ -276,6 +283,13 @@ class MLP:
             if on_grad is not None:
                 on_grad(i)
         self.cache = None  # free the activations, as autograd does
+
+    def _apart(self, name: str, part_grads) -> tuple:
+        """Where K micro-batches' gradients of `name` go: the K - 1 of `part_grads` (one run
+        where they are rows of one array: ``stacked``, `protocol.py`), then ``grads``."""
+        stacked = getattr(part_grads, "stacked", None)
+        first = (stacked[name],) if stacked else tuple(g[name] for g in part_grads)
+        return (*first, self.grads[name])
 
     def zero_grad(self) -> None:
         for g in self.grads.values():

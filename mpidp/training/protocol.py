@@ -36,7 +36,10 @@ Optional, micro-batches apart: a model whose ``micro_batches_apart`` is True tak
     part_grads       (backward) K - 1 dicts like ``grads``: the first K - 1
                      micro-batches' gradients go to these, the last one's to
                      ``grads``, each bitwise what a backward of it alone writes
-                     (deterministic mode's micro-shards, `determinism.SideBySide`)
+                     (deterministic mode's micro-shards, `determinism.SideBySide`);
+                     where they are rows of one array, ``part_grads.stacked`` is
+                     name -> that (K - 1, *shape) view, which a backward may write
+                     with one batched product (the MLP's; `determinism.PartGrads`)
 """
 
 from __future__ import annotations
