@@ -27,6 +27,7 @@ from mpidp.collectives.exact import GATHER_FOR
 from mpidp.collectives.exact_direct import chunk_items, direct_items, direct_rounds
 from mpidp.collectives.ordered import Acc, Count, local_ordered, wide
 from mpidp.collectives.ordered_chain import Route, chain_rounds
+from mpidp.collectives.state import CommState, state
 from mpidp.sim.engine import Sim
 
 FLOATS = (np.float64, np.float32, np.float16)
@@ -395,6 +396,44 @@ def test_mpi_ranks_disagreeing_on_the_parts_they_hold_all_raise(mpi_ranks):
     with pytest.raises(ValueError, match="ranks disagree on the arguments"):
         mpidp.allreduce_parts(comm, mine, np.empty(10, np.float32), addends=3, ordered=True,
                               held=held, debug=True)
+
+
+@pytest.mark.mpi(ranks=[3], timeout=120)
+def test_mpi_the_route_prices_adds_as_measured_where_the_model_was_calibrated(mpi_ranks,
+                                                                              monkeypatch):
+    """A calibrated model's γ is not what the route reads (it moves 10x from run to run):
+    `addrate.add_rate` times this vector's adds, the slowest rank's, the same on every
+    rank. A model given (`set_model`, ``MPIDP_COST``) is read as given."""
+    monkeypatch.delenv("MPIDP_COST", raising=False)
+    comm, seen = MPI.COMM_WORLD, []
+
+    def spy(m, *args):
+        seen.append(m.gamma)
+        return Route(False)
+
+    monkeypatch.setattr(ordered, "route", spy)
+    x = [np.ones(5000, np.float32)] * 2
+    dup, calibrated = comm.Dup(), comm.Dup()
+    try:
+        cost.set_model(dup, *cost.DEFAULT)  # given: read as it is
+        assert not state(dup).measured
+        mpidp.allreduce_parts(dup, x, np.empty(5000, np.float32), addends=6, ordered=True)
+        assert seen == [cost.DEFAULT.gamma]
+        cost.model(calibrated)  # calibrated: the adds are timed
+        assert state(calibrated).measured
+        mpidp.allreduce_parts(calibrated, x, np.empty(5000, np.float32), addends=6,
+                              ordered=True)
+        everyone = comm.allgather(seen[-1])
+        assert len(seen) == 2 and everyone == [seen[-1]] * comm.Get_size(), everyone
+        assert 0 < seen[-1] < 1e-6 and seen[-1] != state(calibrated).model.gamma
+        child = CommState()
+        child.inherit(state(calibrated))  # a duplicate of it (DataParallel's) times too
+        assert child.measured
+        cost.set_model(calibrated, *cost.DEFAULT)  # given again: read as given
+        assert not state(calibrated).measured
+    finally:
+        dup.Free()
+        calibrated.Free()
 
 
 def test_the_doctor_leaves_an_ordered_sum_out_of_its_replay_and_says_what_it_is():

@@ -32,6 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 from mpidp import collectives  # noqa: E402
+from mpidp.collectives import ordered  # noqa: E402
+from mpidp.collectives.ordered_chain import Route  # noqa: E402
 from mpidp.training import determinism, reducers, trainer  # noqa: E402
 
 TIMES: dict[str, float] = {}
@@ -55,6 +57,18 @@ reducers.keep_apart = timed("keep", reducers.keep_apart)
 determinism.part_grads = timed("keep", determinism.part_grads)
 reducers.average_parts = timed("start", reducers.average_parts)
 collectives.testall = timed("progress", collectives.testall)  # ddp's calls: the sums' rounds
+ROUTES: set = set()  # the ordered sums' paths the model picked (ordered_chain.route), and gamma
+
+
+def logged(fn):
+    def wrapper(m, *a, **k):  # (m: the model, with the gamma the route reads)
+        r = fn(m, *a, **k)
+        ROUTES.add((f"chain S={r.segments}" if r.chain else "direct", m.gamma))
+        return r
+    return wrapper
+
+
+ordered.route = logged(ordered.route)
 
 
 def setup(which: str, comm, deterministic: bool):
@@ -125,10 +139,16 @@ def main():
     p.add_argument("which", choices=["mlp", "gpt"])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--route", default=None,
+                   help="force the ordered sums' path: 'direct', or the chain's segments "
+                        "S (an int); default: the cost model's pick (ordered_chain.route)")
     p.add_argument("--looped", action="store_true",
                    help="the deterministic step one forward and backward per micro-shard")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
+    if a.route is not None:
+        forced = Route(a.route != "direct", 1 if a.route == "direct" else int(a.route))
+        ordered.route = logged(lambda *args: forced)
     runs = {False: setup(a.which, comm, False), True: setup(a.which, comm, True)}
     rows = {False: [], True: []}
     for s in range(a.warmup + a.steps):
@@ -158,7 +178,8 @@ def main():
         ratio = (statistics.median(r["step"] for r in rows[True])
                  / statistics.median(r["step"] for r in rows[False]))
         way = "looped" if a.looped else "side by side"
-        print(f"{a.which} ratio {ratio:.2f}x ({way})  load {load:.2f}")
+        paths = ", ".join(f"{r} (gamma {g * 1e9:.3f} ns/B)" for r, g in sorted(ROUTES))
+        print(f"{a.which} ratio {ratio:.2f}x ({way})  load {load:.2f}  route: {paths}")
     for det in (False, True):
         runs[det][1].close()
 

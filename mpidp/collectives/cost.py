@@ -172,6 +172,7 @@ def model(comm) -> Model:
             if spans_hosts(hosts):  # one host: nothing changes
                 m = m._replace(beta_inter=calibrate_link(comm, hosts))
         m = set_model(comm, *m)
+        state(comm).measured = not env
     return m
 
 

@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .addrate import add_rate
 from .algorithms import entry
 from .algorithms.blocks import Blocks
 from .algorithms.ops import Op
@@ -53,6 +54,7 @@ from .exact import agree_sum, plan_direct
 from .ordered_chain import Route, chain_rounds, finish, first, route
 from .placement import locate
 from .plan import Call, Plan, Signed, signed
+from .state import state
 
 # Not MPI operators, and not names a caller passes: the ops of the ordered sums' signatures
 ORDERED_SUM = Op("ordered_sum", "add", "f")
@@ -156,8 +158,10 @@ def _route(comm, rs: bool, count: int, dtype, op: Op, algorithm: str, addends: i
     nbytes = count * dtype.itemsize
     gather = None if rs else choose(comm, "allgather", nbytes, "auto")
     bcast = None if rs else choose(comm, "bcast", nbytes, "auto")
-    r = route(model(comm), n, count, dtype.itemsize, wide(dtype).itemsize, addends, h,
-              gather, bcast)
+    m = model(comm)
+    if state(comm).measured:  # calibrated: γ as this vector's adds run (addrate.py)
+        m = m._replace(gamma=add_rate(comm, count, dtype, wide(dtype)))
+    r = route(m, n, count, dtype.itemsize, wide(dtype).itemsize, addends, h, gather, bcast)
     if not r.chain:
         return Path(r)
     collective = "reduce_scatter" if rs else "allreduce"

@@ -63,6 +63,7 @@ class CommState:
     def __init__(self, tag_ub: int = STANDARD_TAG_UB):
         self.pool = ScratchPool()  # scratch of this communicator's collectives
         self.model = None  # the calibrated cost.Model, set by cost.model / set_model
+        self.measured = False  # `model` was calibrated (not given): `addrate` may time too
         self.choices = Bounded()  # (collective, nbytes) -> algorithm name, under `model`
         self.placement = None  # the host of each rank, once learned (placement.placement)
         self.setups = Bounded()  # call signature -> what it determines (`plan.Call.setup`)
@@ -171,11 +172,12 @@ class CommState:
         new calibration, no new query)."""
         self.forget(parent.model)
         self.choices, self.placement = Bounded(parent.choices), parent.placement
+        self.measured = parent.measured
 
     def forget(self, model) -> None:
         """Use cost model `model` from now on: what `auto` chose under the old one, and the
         setups and recorded schedules made of its choices, are stale."""
-        self.model, self.choices = model, Bounded()
+        self.model, self.choices, self.measured = model, Bounded(), False
         self.setups, self.schedules = Bounded(), Bounded(limit=SCHEDULES)
 
 
