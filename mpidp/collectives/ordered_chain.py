@@ -138,10 +138,11 @@ def route(m: Model, n: int, count: int, itemsize: int, wide: int, addends: int, 
         direct = h(N-1)·α + h·G(N-1)/N·β + P·G/N·γ + A(G)
         chain  = (N-2+S)·(α + W·β/S) + (N-1+S)·h·G·γ/S + B(G)
 
-    Measured on 2 ranks (docs/benchmarks-notes.md) the choice was right at 4 KiB and
-    69 KB with 4 parts a rank, wrong at 69 KB with 2 (the direct path taken, 15% slower),
-    and a coin toss at 4 MiB with 4 (the chain 15% faster in one session, 20% slower in
-    the next).
+    Measured on 2 ranks, with γ this vector's adds' rate (`ordered._route`,
+    docs/benchmarks-notes.md): right at 4 KB with 4 parts a rank and 69 KB with 2; at
+    69 KB with 4 the chain, right in the MLP trainer's step (1.42x its default step
+    against 1.70x) though 25% slower alone after a barrier; wrong at 4 MiB with 4 (the
+    chain in 8 segments, 15% slower than the direct path).
 
     Args:
         count, itemsize, wide: the vector's items, the dtype's bytes and the sum's.
