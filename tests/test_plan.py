@@ -7,6 +7,7 @@ tests pin down that nothing the remembered answer depends on is left out of its
 key, and that what depends on the arrays themselves is still checked every time.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -92,6 +93,22 @@ def check_a_new_model_forgets_the_remembered_choices(world):
     comm.Free()
 
 
+def check_a_setup_whose_build_calibrates_the_model_is_remembered(world):
+    """The first `auto` call on a comm calibrates inside its setup's build, and a new model
+    forgets the setups made before it: the build's own answer is kept all the same."""
+    comm, before = world.Dup(), os.environ.pop("MPIDP_COST", None)
+    try:
+        x = np.ones(100, "f4")
+        mpidp.iallreduce(comm, x, np.empty_like(x)).wait()
+        st = state.state(comm)
+        assert st.measured, "the call did not calibrate the comm"
+        assert [key for key in st.setups if key[0] == "allreduce"], list(st.setups)
+    finally:
+        if before is not None:
+            os.environ["MPIDP_COST"] = before
+        comm.Free()
+
+
 def test_what_depends_on_the_arrays_is_checked_at_every_call():
     """The same kinds and sizes as a call that passed: a different array is checked anew."""
     comm = MPI.COMM_SELF
@@ -161,6 +178,7 @@ def test_signatures_remembered_choices_and_blocks_on_real_ranks(mpi_ranks):
         on_each_size((2, 3),
                      check_every_call_is_signed_with_its_own_arguments_though_setups_are_remembered)
     on_each_size((2,), check_a_new_model_forgets_the_remembered_choices)
+    on_each_size((2,), check_a_setup_whose_build_calibrates_the_model_is_remembered)
     on_each_size((2, 3), check_remembered_blocks_follow_the_counts_and_displacements)
 
 

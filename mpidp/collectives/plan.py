@@ -147,7 +147,8 @@ class Call:
         except TypeError:  # an unhashable argument: build() says what is wrong with it
             return build(*args)
         if found is None:
-            found = setups.remember(key, build(*args))
+            found = build(*args)  # (it may calibrate: a new model, a new dict of setups)
+            self.state.setups.remember(key, found)
         return found
 
     def agree(self, collective: str, **described) -> None:
