@@ -71,6 +71,15 @@ def logged(fn):
 ordered.route = logged(ordered.route)
 
 
+def route_arg(text: str) -> Route:
+    """--route: 'direct' or the chain's number of segments."""
+    if text == "direct":
+        return Route(False)
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected 'direct' or an int >= 1, not {text!r}")
+    return Route(True, int(text))
+
+
 def setup(which: str, comm, deterministic: bool):
     import train_gpt
     import train_mlp
@@ -139,16 +148,15 @@ def main():
     p.add_argument("which", choices=["mlp", "gpt"])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--route", default=None,
+    p.add_argument("--route", default=None, type=route_arg,
                    help="force the ordered sums' path: 'direct', or the chain's segments "
-                        "S (an int); default: the cost model's pick (ordered_chain.route)")
+                        "S (an int >= 1); default: the cost model's pick (ordered_chain.route)")
     p.add_argument("--looped", action="store_true",
                    help="the deterministic step one forward and backward per micro-shard")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     if a.route is not None:
-        forced = Route(a.route != "direct", 1 if a.route == "direct" else int(a.route))
-        ordered.route = logged(lambda *args: forced)
+        ordered.route = logged(lambda *args: a.route)
     runs = {False: setup(a.which, comm, False), True: setup(a.which, comm, True)}
     rows = {False: [], True: []}
     for s in range(a.warmup + a.steps):
