@@ -16,9 +16,9 @@ buffers:
     -----------------------------------       ---------------------------------
     the call path: slot, checks, setup, tag   slot, the arrays' checks, tag
     the generator on the caller's buffers     the operands: [buf, src, parts, values]
-    then `schedules.record`: the generator    per round: its Sendrecv (or exchange)
-    run dry on stand-ins, its rounds and      of operands, then the reductions noted
-    reductions noted as operands              after it
+    then `schedules.record`: the generator    per round: its Sendrecv, Send or Recv
+    run dry on stand-ins, its rounds and      (or exchange) of operands, then the
+    reductions noted as operands              reductions noted after it
 
 A replayed call is a planned call on the wire: it takes its own slot and tag of the
 comm's sequence (`state`), and it sends the messages its generator sends, from and
@@ -135,9 +135,14 @@ def _replay(comm, key: tuple | None, buf, src) -> bool | None:
         for running, send, to, recv, source, reductions in found.steps:
             if entry is not None:  # the round in flight, for a flight dump
                 entry[_RUNNING] = running
-            if to is None:  # not one send and one receive: `send` holds its messages
-                exchange(comm, [kind(v[i], peer) for kind, i, peer in send], tag)
-            else:  # one Sendrecv (`driver.exchange` spells it so)
+            if source is None:  # no receive: one send, or `send` holds the round's messages
+                if to is not None:
+                    comm.Send([v[send], _BYTE], to, tag)
+                else:
+                    exchange(comm, [kind(v[i], peer) for kind, i, peer in send], tag)
+            elif to is None:  # one receive
+                comm.Recv([v[recv], _BYTE], source, tag)
+            else:  # one Sendrecv (`driver.exchange` spells these three so)
                 comm.Sendrecv([v[send], _BYTE], to, tag, [v[recv], _BYTE], source, tag)
             for f, a, b, out in reductions:
                 f(v[a], v[b], v[out])

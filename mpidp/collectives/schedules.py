@@ -187,15 +187,21 @@ class _Places:
 
     def step(self, count: int, round_: list, reductions: list) -> tuple:
         """A round as the replay runs it: (round number, its messages), which a flight
-        entry holds while it is in flight (it reads their peers); a send and a receive
-        as the operands and peers of one ``Sendrecv``, any other round as its messages
-        (kind, operand, peer) and Nones; then the reductions that follow it."""
+        entry holds while it is in flight (it reads their peers); then how it runs,
+        (send, to, recv, source): a send and a receive as the operands and peers of one
+        ``Sendrecv``, a lone send or receive as its own with Nones for the other (a
+        broadcast's round: no message tuples made at each call), any other round as its
+        messages [(kind, operand, peer)] and Nones; then the reductions that follow it."""
         running = (count, [type(m)(np.empty(0, np.uint8), m.peer) for m in round_])
         reductions = [self.reduction(r) for r in reductions]
-        if len(round_) == 2 and type(round_[0]) is not type(round_[1]):
-            send, recv = round_ if type(round_[0]) is Send else round_[::-1]
-            return (running, self.index(send.buf), send.peer, self.index(recv.buf),
-                    recv.peer, reductions)
+        sends = [m for m in round_ if type(m) is Send]
+        recvs = [m for m in round_ if type(m) is not Send]
+        if len(sends) <= 1 and len(recvs) <= 1 and round_:
+            send, recv = (sends or [None])[0], (recvs or [None])[0]
+            return (running, None if send is None else self.index(send.buf),
+                    None if send is None else send.peer,
+                    None if recv is None else self.index(recv.buf),
+                    None if recv is None else recv.peer, reductions)
         messages = [(type(m), self.index(m.buf), m.peer) for m in round_]
         return running, messages, None, None, None, reductions
 

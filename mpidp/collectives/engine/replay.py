@@ -142,12 +142,16 @@ class Replay(Polled):
 
     def start(self) -> None:
         """Do the reductions before the first round and start it (never blocks)."""
-        with self._lock:  # under the lock: a progress thread may be testing it
+        lock = self._lock  # held: a progress thread may be testing it (`Polled.wait`'s way)
+        lock.acquire()
+        try:
             self.done, self._active, self._step, self.rounds, self.error = \
                 False, True, -1, 0, None
             if self.pre:
                 self._reduce(self.pre)
             self._next()
+        finally:
+            lock.release()
 
     def _reduce(self, reductions: list) -> None:
         """Do recorded reductions; if one raises, this start has failed (as a `Request`'s
