@@ -126,8 +126,8 @@ def _replay(comm, key: tuple | None, buf, src) -> bool | None:
         rec.started()  # (a Split comm's id still being agreed on: its numbers go out)
     # the operands (`schedules`): buf, src, their parts, the record's own values
     v = [buf, None if src is IN_PLACE else src]
-    if found.parts:
-        v += [v[which][start:stop] for which, start, stop in found.parts]
+    for which, start, stop in found.parts:  # (a loop: a comprehension costs 0.3-0.8 µs more)
+        v.append(v[which][start:stop])
     v += found.values
     try:
         for f, a, b, out in found.pre:
