@@ -196,12 +196,10 @@ class _Places:
         reductions = [self.reduction(r) for r in reductions]
         sends = [m for m in round_ if type(m) is Send]
         recvs = [m for m in round_ if type(m) is not Send]
-        if len(sends) <= 1 and len(recvs) <= 1 and round_:
-            send, recv = (sends or [None])[0], (recvs or [None])[0]
-            return (running, None if send is None else self.index(send.buf),
-                    None if send is None else send.peer,
-                    None if recv is None else self.index(recv.buf),
-                    None if recv is None else recv.peer, reductions)
+        if round_ and len(sends) <= 1 and len(recvs) <= 1:
+            def placed(ms: list) -> tuple:  # (operand, peer) of the one message, or Nones
+                return (self.index(ms[0].buf), ms[0].peer) if ms else (None, None)
+            return (running, *placed(sends), *placed(recvs), reductions)
         messages = [(type(m), self.index(m.buf), m.peer) for m in round_]
         return running, messages, None, None, None, reductions
 
